@@ -1,0 +1,8 @@
+"""genoflash: exact FlashAttention in Triton for long-sequence genomic models."""
+
+from .backends import BACKENDS, use_backend
+from .ops.attention import flash_attn_func
+
+__version__ = "0.1.0"
+
+__all__ = ["BACKENDS", "flash_attn_func", "use_backend", "__version__"]

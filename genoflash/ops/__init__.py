@@ -1,0 +1,1 @@
+"""Operators. Each is a folder: a plain reference beside its kernels and one interface."""

@@ -1,0 +1,7 @@
+"""Exact attention: reference.py (what it computes), chunked.py (the torch backend),
+forward.py / backward.py (the Triton kernels), interface.py (the public function)."""
+
+from .interface import flash_attn_func
+from .reference import attention_reference
+
+__all__ = ["flash_attn_func", "attention_reference"]

@@ -1,0 +1,86 @@
+"""Tile sizes and launch settings per (head dim, causal, dtype, device).
+
+Kept apart from the kernels and the interface, so tuning touches one table. The GPU
+entries were chosen by measurement on the H200 (see benchmarks/NOTES.md); the
+interpreter entries keep CPU tests quick while still crossing several tile boundaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from ...backends import triton_interpreted
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+    dkdv: TileConfig  # block_m: query rows streamed; block_n: key rows owned by a program
+    dq: TileConfig  # block_m: query rows owned by a program; block_n: key rows streamed
+    preprocess_block: int = 128
+
+
+_INTERPRETER_FWD = TileConfig(32, 32)
+_INTERPRETER_BWD = BackwardConfig(TileConfig(32, 32), TileConfig(32, 32), 32)
+
+# Set by tests (override_configs) to run the same kernels under other tilings.
+_override: dict[str, object] = {}
+
+
+def _gpu_forward(head_dim: int, causal: bool, dtype: torch.dtype) -> TileConfig:
+    if dtype == torch.float32:
+        return TileConfig(64, 32, num_warps=4, num_stages=2)
+    if head_dim <= 64:
+        return TileConfig(128, 64, num_warps=4, num_stages=3)
+    if head_dim <= 128:
+        return TileConfig(128, 64, num_warps=8, num_stages=3)
+    return TileConfig(64, 64, num_warps=4, num_stages=2)
+
+
+def _gpu_backward(head_dim: int, causal: bool, dtype: torch.dtype) -> BackwardConfig:
+    if dtype == torch.float32:
+        return BackwardConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2))
+    if head_dim <= 128:
+        return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 32, 4, 3))
+    return BackwardConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2))
+
+
+def forward_config(head_dim: int, causal: bool, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    if "forward" in _override:
+        return _override["forward"]  # type: ignore[return-value]
+    if device.type != "cuda" or triton_interpreted():
+        return _INTERPRETER_FWD
+    return _gpu_forward(head_dim, causal, dtype)
+
+
+def backward_config(head_dim: int, causal: bool, dtype: torch.dtype, device: torch.device) -> BackwardConfig:
+    if "backward" in _override:
+        return _override["backward"]  # type: ignore[return-value]
+    if device.type != "cuda" or triton_interpreted():
+        return _INTERPRETER_BWD
+    return _gpu_backward(head_dim, causal, dtype)
+
+
+@contextlib.contextmanager
+def override_configs(forward: TileConfig | None = None, backward: BackwardConfig | None = None):
+    """Force tile configs (tests use this to cover uneven tilings such as BLOCK_M != BLOCK_N)."""
+    saved = dict(_override)
+    if forward is not None:
+        _override["forward"] = forward
+    if backward is not None:
+        _override["backward"] = backward
+    try:
+        yield
+    finally:
+        _override.clear()
+        _override.update(saved)
