@@ -5,8 +5,10 @@ recomputation from the log-sum-exp in the backward), but each "tile" is a torch 
 of shape (batch, nheads, chunk_q, chunk_k). Memory is O(N * chunk), never O(N^2), so
 genoflash works on any machine, CPU included, at genomic lengths.
 
-Accumulation is in float32 (float64 for float64 inputs); matmul operands stay in the
-input dtype, like the kernels.
+Everything is computed in float32 (float64 for float64 inputs): each tile is upcast as it
+is used, which on the CPU is also faster than half-precision matmuls. Like the kernels,
+the probabilities are rounded to the input dtype before they multiply V (and dS before
+it multiplies K or Q), so results match the kernels' rounding.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ import torch
 
 # Work on (batch, nheads, chunk_q, chunk_k) score tiles of at most this many elements.
 _TILE_ELEMENTS = 1 << 22
+
+
+def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round to dtype's precision, keep x's dtype (a matmul operand in the kernels' precision)."""
+    return x.to(dtype).to(x.dtype)
 
 
 def _chunk_sizes(batch_heads: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
@@ -47,14 +54,14 @@ def attention_chunked_forward(q, k, v, softmax_scale: float, causal: bool):
     chunk_q, chunk_k = _chunk_sizes(B * H, Nq, Nk)
     for q0 in range(0, Nq, chunk_q):
         q1 = min(Nq, q0 + chunk_q)
-        qc = qh[:, :, q0:q1]
+        qc = qh[:, :, q0:q1].to(acc_dtype)
         row_max = torch.full((B, H, q1 - q0), float("-inf"), device=q.device, dtype=acc_dtype)
         row_sum = torch.zeros((B, H, q1 - q0), device=q.device, dtype=acc_dtype)
         # acc is un-normalised: acc / row_sum is the output so far.
         acc = torch.zeros((B, H, q1 - q0, vh.shape[-1]), device=q.device, dtype=acc_dtype)
         for k0 in range(0, _visible_key_range(q0, q1, Nq, Nk, causal), chunk_k):
             k1 = min(Nk, k0 + chunk_k)
-            s = torch.matmul(qc, kh[:, :, k0:k1].transpose(-1, -2)).to(acc_dtype) * softmax_scale
+            s = torch.matmul(qc, kh[:, :, k0:k1].to(acc_dtype).transpose(-1, -2)) * softmax_scale
             if causal:
                 s = s.masked_fill(~_causal_tile_mask(q0, q1, k0, k1, Nq, Nk, q.device), float("-inf"))
             new_max = torch.maximum(row_max, s.amax(dim=-1))
@@ -63,7 +70,7 @@ def attention_chunked_forward(q, k, v, softmax_scale: float, causal: bool):
             p = torch.exp(s - safe_max.unsqueeze(-1))
             rescale = torch.exp(row_max - safe_max)  # rescales earlier chunks to the new max
             row_sum = row_sum * rescale + p.sum(dim=-1)
-            acc = acc * rescale.unsqueeze(-1) + torch.matmul(p.to(v.dtype), vh[:, :, k0:k1]).to(acc_dtype)
+            acc = acc * rescale.unsqueeze(-1) + torch.matmul(_round(p, v.dtype), vh[:, :, k0:k1].to(acc_dtype))
             row_max = new_max
         empty = row_sum == 0  # rows that saw no key: output 0, lse -inf
         out[:, q0:q1] = (acc / row_sum.masked_fill(empty, 1.0).unsqueeze(-1)).transpose(1, 2).to(q.dtype)
@@ -87,18 +94,19 @@ def attention_chunked_backward(dout, q, k, v, out, lse, softmax_scale: float, ca
     chunk_q, chunk_k = _chunk_sizes(B * H, Nq, Nk)
     for q0 in range(0, Nq, chunk_q):
         q1 = min(Nq, q0 + chunk_q)
-        qc, doc = qh[:, :, q0:q1], doh[:, :, q0:q1]
+        qc, doc = qh[:, :, q0:q1].to(acc_dtype), doh[:, :, q0:q1].to(acc_dtype)
         for k0 in range(0, _visible_key_range(q0, q1, Nq, Nk, causal), chunk_k):
             k1 = min(Nk, k0 + chunk_k)
-            s = torch.matmul(qc, kh[:, :, k0:k1].transpose(-1, -2)).to(acc_dtype) * softmax_scale
+            kc, vc = kh[:, :, k0:k1].to(acc_dtype), vh[:, :, k0:k1].to(acc_dtype)
+            s = torch.matmul(qc, kc.transpose(-1, -2)) * softmax_scale
             if causal:
                 s = s.masked_fill(~_causal_tile_mask(q0, q1, k0, k1, Nq, Nk, q.device), float("-inf"))
             p = torch.exp(s - lse[:, :, q0:q1, None])
-            dv[:, :, k0:k1] += torch.matmul(p.to(dout.dtype).transpose(-1, -2), doc).to(acc_dtype)
-            dp = torch.matmul(doc, vh[:, :, k0:k1].transpose(-1, -2)).to(acc_dtype)
-            ds = (p * (dp - delta[:, :, q0:q1, None])).to(q.dtype)
-            dq[:, :, q0:q1] += torch.matmul(ds, kh[:, :, k0:k1]).to(acc_dtype)
-            dk[:, :, k0:k1] += torch.matmul(ds.transpose(-1, -2), qc).to(acc_dtype)
+            dv[:, :, k0:k1] += torch.matmul(_round(p, dout.dtype).transpose(-1, -2), doc)
+            dp = torch.matmul(doc, vc.transpose(-1, -2))
+            ds = _round(p * (dp - delta[:, :, q0:q1, None]), q.dtype)
+            dq[:, :, q0:q1] += torch.matmul(ds, kc)
+            dk[:, :, k0:k1] += torch.matmul(ds.transpose(-1, -2), qc)
     to_input = lambda g, like: (g.transpose(1, 2)).to(like.dtype)  # noqa: E731
     return to_input(dq * softmax_scale, q), to_input(dk * softmax_scale, k), to_input(dv, v)
 

@@ -30,8 +30,10 @@ class BackwardConfig:
     preprocess_block: int = 128
 
 
-_INTERPRETER_FWD = TileConfig(32, 32)
-_INTERPRETER_BWD = BackwardConfig(TileConfig(32, 32), TileConfig(32, 32), 32)
+# Uneven on purpose (BLOCK_M != BLOCK_N), like the GPU tilings, so CPU tests cross the same kinds
+# of tile boundaries.
+_INTERPRETER_FWD = TileConfig(64, 32)
+_INTERPRETER_BWD = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64)
 
 # Set by tests (override_configs) to run the same kernels under other tilings.
 _override: dict[str, object] = {}

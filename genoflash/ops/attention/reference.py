@@ -35,7 +35,7 @@ def attention_reference(
     softmax_scale: float | None = None,
     causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (out, lse). Differentiable through plain torch autograd.
+    """Returns (out, lse), lse in natural log. Differentiable through plain torch autograd.
 
     Matmuls run in the input dtype (as "same-dtype standard attention" does); the softmax
     runs in float32 (float64 for float64 inputs) and its probabilities are cast back to the
@@ -53,4 +53,4 @@ def attention_reference(
     probs = torch.exp(scores - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
     probs = probs.to(v.dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
-    return out, lse.float()
+    return out, lse  # float32 (float64 for float64 inputs)

@@ -1,0 +1,1 @@
+"""Benchmarks and demonstrations. Depends on genoflash's ops; nothing depends on it."""

@@ -1,0 +1,40 @@
+"""The `genoflash` command line.
+
+    genoflash example            attention over a DNA-length sequence: genoflash vs standard attention
+    genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _example(argv):
+    from .bench.dna_attention import main
+    return main(argv)
+
+
+def _bench(argv):
+    parser = argparse.ArgumentParser(prog="genoflash bench")
+    parser.add_argument("what", choices=["attention"])
+    args, rest = parser.parse_known_args(argv)
+    if args.what == "attention":
+        from .bench.attention import main
+        return main(rest)
+    return 2
+
+
+COMMANDS = {"example": _example, "bench": _bench}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    return int(COMMANDS[argv[0]](argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite on a CUDA GPU, in one call (on the H200 through the device tool:
+# `bash scripts/gpu_tests.sh`). The GPU image already has torch, triton and pytest-xdist;
+# nothing is installed. Without TRITON_INTERPRET the `triton` backend runs compiled, bf16 is
+# added to every dtype grid, and the GPU-only scale tests (tests/test_gpu_scale.py) run.
+# With $OUT set, the log and a JUnit report are written there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+out_dir=${OUT:-/tmp}
+python3 - <<'PY' | tee "$out_dir/gpu_env.txt"
+import datetime, os, subprocess, torch, triton
+# The device machine gets a copy of the tree without .git: the caller passes GENOFLASH_COMMIT.
+commit = os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
+    ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+print(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
+print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
+      f"cuda {torch.version.cuda}  commit {commit or 'unknown'}")
+PY
+python3 -m pytest tests -q -p no:cacheprovider -n "${GENOFLASH_TEST_WORKERS:-8}" -rfE --durations=10 \
+    --junitxml "$out_dir/gpu_tests.xml" "$@" 2>&1 | tee "$out_dir/gpu_tests.log"

@@ -1,0 +1,51 @@
+"""Shared checks for attention tests: fresh random inputs and the error rule.
+
+The rule (DEVELOPERS.md): for the output and every gradient,
+    max|genoflash - fp64 ref| <= 2 * max|same-dtype standard attention - fp64 ref| + eps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genoflash.ops.attention.reference import attention_reference
+
+# eps, relative to the largest magnitude of the fp64 reference tensor (at least 1).
+EPS = {torch.float32: 1e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def random_qkv(batch, seqlen_q, seqlen_k, nheads, headdim, dtype, device, requires_grad=True):
+    """Fresh normal inputs (never zeros) and a random upstream gradient."""
+    def make(n):
+        return torch.randn(batch, n, nheads, headdim, dtype=dtype, device=device).requires_grad_(requires_grad)
+    return make(seqlen_q), make(seqlen_k), make(seqlen_k), torch.randn(batch, seqlen_q, nheads, headdim,
+                                                                      dtype=dtype, device=device)
+
+
+def outputs_and_grads(fn, q, k, v, dout):
+    out = fn(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    return (out, *grads)
+
+
+def reference_pair(q, k, v, dout, causal, softmax_scale=None):
+    """(fp64 ground truth, same-dtype standard attention), each as (out, dq, dk, dv)."""
+    def std(a, b, c):
+        return attention_reference(a, b, c, softmax_scale, causal)[0]
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    truth = outputs_and_grads(std, q64, k64, v64, dout.double())
+    same = outputs_and_grads(std, q, k, v, dout)
+    return truth, same
+
+
+def assert_within_rule(got, truth, same, names=("out", "dq", "dk", "dv")):
+    for name, g, t, s in zip(names, got, truth, same):
+        assert g.shape == t.shape, f"{name}: shape {tuple(g.shape)} != {tuple(t.shape)}"
+        assert g.dtype == s.dtype, f"{name}: dtype {g.dtype} != {s.dtype}"
+        assert not torch.isnan(g).any(), f"{name}: NaN (an unwritten or poisoned element)"
+        err = (g.double() - t).abs().max().item()
+        err_std = (s.double() - t).abs().max().item()
+        eps = EPS[g.dtype] * max(t.abs().max().item(), 1.0)
+        assert err <= 2 * err_std + eps, (
+            f"{name}: error {err:.3e} > 2 x standard attention's {err_std:.3e} + eps {eps:.1e}")

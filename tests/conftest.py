@@ -1,0 +1,44 @@
+"""Test set-up. On a machine without CUDA the real Triton kernels run under the Triton
+interpreter; TRITON_INTERPRET must be set before any kernel is defined, i.e. before
+genoflash is imported, which is why it happens here."""
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_tests.sh on one)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def device():
+    return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.fixture
+def poison_allocations(monkeypatch):
+    """Every float tensor torch allocates during the test starts as NaN (ints as a sentinel),
+    so an output element a kernel forgets to write shows up instead of hiding as 0."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        if t.is_floating_point():
+            t.fill_(math.nan)
+        elif t.dtype != torch.bool:
+            t.fill_(-12345)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))

@@ -1,0 +1,177 @@
+"""flash_attn_func against a float64 reference: forward, all gradients, every backend.
+
+On the CPU the `triton` backend runs the real kernels under the Triton interpreter.
+On a GPU (scripts/gpu_tests.sh) the same tests run compiled, with bfloat16 added.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import genoflash
+from genoflash.ops.attention.configs import BackwardConfig, TileConfig, override_configs
+from genoflash.ops.attention.reference import attention_reference
+
+from .attention_utils import assert_within_rule, outputs_and_grads, random_qkv, reference_pair
+from .conftest import HAS_CUDA
+
+BACKENDS = ["triton", "torch"]
+# bf16 tl.dot is wrong under the Triton interpreter (triton 3.6), so bf16 is tested on the GPU.
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_CUDA else [])
+
+pytestmark = pytest.mark.usefixtures("poison_allocations")
+
+
+def run_case(backend, batch, seqlen_q, seqlen_k, nheads, headdim, causal, dtype, device, softmax_scale=None):
+    torch.manual_seed(hash((batch, seqlen_q, seqlen_k, nheads, headdim, causal)) % 2**31)
+    q, k, v, dout = random_qkv(batch, seqlen_q, seqlen_k, nheads, headdim, dtype, device)
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(
+            lambda a, b, c: genoflash.flash_attn_func(a, b, c, softmax_scale=softmax_scale, causal=causal),
+            q, k, v, dout)
+    truth, same = reference_pair(q, k, v, dout, causal, softmax_scale)
+    assert_within_rule(got, truth, same)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "batch,seqlen_q,seqlen_k,nheads",
+    [
+        (2, 1, 1, 2),
+        (2, 17, 17, 2),
+        (1, 129, 129, 3),
+        (1, 1000, 1000, 1),
+        (2, 17, 129, 2),  # seqlen_q < seqlen_k
+        (2, 129, 17, 2),  # seqlen_q > seqlen_k: with causal, the first rows see no key
+        (1, 1, 129, 1),
+        (1, 129, 1, 1),
+        (1, 1000, 129, 2),
+    ],
+)
+def test_matches_reference(backend, batch, seqlen_q, seqlen_k, nheads, causal, dtype, device):
+    run_case(backend, batch, seqlen_q, seqlen_k, nheads, 64, causal, dtype, device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [8, 16, 40, 64, 80, 96, 128, 192, 256])
+def test_head_dims(backend, headdim, causal, dtype, device):
+    run_case(backend, 2, 129, 97, 2, headdim, causal, dtype, device)
+
+
+@pytest.mark.parametrize(
+    "fwd,bwd",
+    [
+        (TileConfig(16, 16), BackwardConfig(TileConfig(16, 16), TileConfig(16, 16), 16)),
+        (TileConfig(16, 64), BackwardConfig(TileConfig(64, 16), TileConfig(16, 64), 16)),
+        (TileConfig(64, 16), BackwardConfig(TileConfig(16, 64), TileConfig(64, 16), 64)),
+    ],
+    ids=["16x16", "16x64", "64x16"],
+)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(100, 37), (37, 100), (130, 130)])
+def test_uneven_tilings(fwd, bwd, seqlen_q, seqlen_k, device):
+    """Causal bounds with BLOCK_M != BLOCK_N and lengths that fall mid-tile on both sides."""
+    with override_configs(fwd, bwd):
+        run_case("triton", 1, seqlen_q, seqlen_k, 2, 32, True, torch.float32, device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_scale(backend, device):
+    run_case(backend, 1, 65, 80, 2, 32, True, torch.float32, device, softmax_scale=0.37)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lse_and_rows_that_see_no_key(backend, device):
+    """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see nothing.
+    They must give output 0, lse -inf and zero gradients, never NaN."""
+    torch.manual_seed(1)
+    q, k, v, dout = random_qkv(2, 50, 20, 2, 32, torch.float32, device)
+    with genoflash.use_backend(backend):
+        out, lse = genoflash.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    ref_out, ref_lse = attention_reference(q.double(), k.double(), v.double(), causal=True)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 2, 50)
+    empty = slice(0, 30)
+    assert torch.isneginf(lse[:, :, empty]).all()
+    assert (out[:, empty] == 0).all() and (dq[:, empty] == 0).all()
+    assert torch.isfinite(lse[:, :, 30:]).all()
+    torch.testing.assert_close(lse[:, :, 30:].double(), ref_lse[:, :, 30:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+def test_deterministic_backward(device):
+    torch.manual_seed(2)
+    q, k, v, dout = random_qkv(2, 300, 257, 2, 64, torch.float16, device)
+    with genoflash.use_backend("triton"):
+        first = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
+        second = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_noncontiguous_inputs(backend, device):
+    """Transposed views (from a (batch, nheads, seqlen, headdim) buffer) and strided channels."""
+    torch.manual_seed(3)
+    batch, n, h, d = 2, 77, 3, 40
+    q = torch.randn(batch, h, n, d, device=device).transpose(1, 2).requires_grad_()
+    k = torch.randn(batch, n, h, 2 * d, device=device)[..., ::2].detach().requires_grad_()
+    v = torch.randn(batch, n + 5, h, d, device=device)[:, 5:].detach().requires_grad_()
+    dout = torch.randn(batch, h, n, d, device=device).transpose(1, 2)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous() or dout.is_contiguous())
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
+    truth, same = reference_pair(q, k, v, dout, True)
+    assert_within_rule(got, truth, same)
+
+
+def test_reference_backend_is_standard_attention(device):
+    torch.manual_seed(4)
+    q, k, v, _ = random_qkv(1, 33, 40, 2, 16, torch.float32, device)
+    with genoflash.use_backend("reference"):
+        out, lse = genoflash.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    ref_out, ref_lse = attention_reference(q, k, v, causal=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_rule_catches_wrong_answers(device):
+    """The checker must fail on a wrong mask, a lost value row and an unwritten (NaN) element."""
+    torch.manual_seed(5)
+    q, k, v, dout = random_qkv(1, 40, 40, 2, 32, torch.float32, device)
+    truth, same = reference_pair(q, k, v, dout, causal=True)
+    wrong_mask = outputs_and_grads(lambda a, b, c: attention_reference(a, b, c, causal=False)[0], q, k, v, dout)
+    with pytest.raises(AssertionError):
+        assert_within_rule(wrong_mask, truth, same)
+    keep = (torch.arange(40, device=device) != 3)[None, :, None, None]  # one value row lost
+    lost_value = outputs_and_grads(lambda a, b, c: attention_reference(a, b, c * keep, causal=True)[0],
+                                   q, k, v, dout)
+    with pytest.raises(AssertionError):
+        assert_within_rule(lost_value, truth, same)
+    unwritten = tuple(t.clone() for t in same)
+    unwritten[0][0, 7, 1, 3] = math.nan
+    with pytest.raises(AssertionError):
+        assert_within_rule(unwritten, truth, same)
+
+
+def test_default_backend_follows_device(monkeypatch):
+    from genoflash.backends import select_backend
+
+    monkeypatch.delenv("GENOFLASH_BACKEND", raising=False)
+    assert select_backend(torch.device("cpu")) == "torch"
+    assert select_backend(torch.device("cuda")) == "triton"
+    monkeypatch.setenv("GENOFLASH_BACKEND", "reference")
+    assert select_backend(torch.device("cpu")) == "reference"
+    with genoflash.use_backend("triton"):
+        with genoflash.use_backend("torch"):
+            assert select_backend(torch.device("cpu")) == "torch"
+        assert select_backend(torch.device("cpu")) == "triton"
+    monkeypatch.setenv("GENOFLASH_BACKEND", "cudnn")
+    with pytest.raises(ValueError, match="GENOFLASH_BACKEND"):
+        select_backend(torch.device("cpu"))

@@ -1,0 +1,126 @@
+"""GPU-only checks at sizes the CPU cannot reach: long sequences, tensors past 2^31
+elements, and peak memory that grows linearly in N. Run by scripts/gpu_tests.sh."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import genoflash
+
+from .attention_utils import EPS
+
+pytestmark = pytest.mark.gpu
+
+
+def sampled_rows_attention(q_rows, rows, k, v, seqlen_q, causal, softmax_scale):
+    """Standard attention for a few query rows only: (batch, rows, nheads, dim), no N x N tensor.
+
+    Matmuls in the input dtype, softmax in fp32 (fp64 for fp64), as attention_reference does."""
+    acc = torch.float64 if q_rows.dtype == torch.float64 else torch.float32
+    scores = torch.einsum("brhd,bkhd->bhrk", q_rows, k).to(acc) * softmax_scale
+    if causal:
+        j = torch.arange(k.shape[1], device=k.device)
+        visible = j[None, :] <= rows[:, None] + (k.shape[1] - seqlen_q)
+        scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(v.dtype)
+    return torch.einsum("bhrk,bkhd->brhd", probs, v)
+
+
+def sampled_loss_grads(q, k, v, rows, dout_rows, causal, dtype):
+    """Gradients of sum(out[:, rows] * dout_rows) through sampled-row standard attention in `dtype`."""
+    q_, k_, v_ = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out_rows = sampled_rows_attention(q_[:, rows], rows, k_, v_, q.shape[1], causal, q.shape[-1] ** -0.5)
+    dq, dk, dv = torch.autograd.grad(out_rows, (q_, k_, v_), dout_rows.to(dtype))
+    return out_rows, dq[:, rows], dk, dv
+
+
+def check_sampled_rows(q, k, v, causal, n_rows=256):
+    """genoflash vs fp64 sampled-row ground truth, under the rule, with bf16 standard attention
+    (on the same rows) as the yardstick."""
+    rows = torch.randperm(q.shape[1], device=q.device)[:n_rows].sort().values
+    dout_rows = torch.randn(q.shape[0], len(rows), *q.shape[2:], device=q.device, dtype=q.dtype)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    out = genoflash.flash_attn_func(qg, kg, vg, causal=causal)
+    dout = torch.zeros_like(out)
+    dout[:, rows] = dout_rows
+    dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
+    got = (out[:, rows], dq[:, rows], dk, dv)
+    truth = sampled_loss_grads(q, k, v, rows, dout_rows, causal, torch.float64)
+    same = sampled_loss_grads(q, k, v, rows, dout_rows, causal, q.dtype)
+    for name, g, t, s in zip(("out", "dq", "dk", "dv"), got, truth, same):
+        assert not torch.isnan(g).any(), name
+        err = (g.double() - t).abs().max().item()
+        err_std = (s.double() - t).abs().max().item()
+        eps = EPS[q.dtype] * max(t.abs().max().item(), 1.0)
+        assert err <= 2 * err_std + eps, f"{name}: {err:.3e} > 2 x {err_std:.3e} + {eps:.1e}"
+    # Rows outside the sample got no upstream gradient: their dq must be exactly 0.
+    others = torch.ones(q.shape[1], dtype=torch.bool, device=q.device)
+    others[rows] = False
+    assert (dq[:, others] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen", [4097, 16384, 65536])
+def test_long_sequences_sampled_rows(seqlen, causal):
+    torch.manual_seed(seqlen)
+    q, k, v = (torch.randn(1, seqlen, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    check_sampled_rows(q, k, v, causal)
+
+
+def test_unequal_long_lengths():
+    torch.manual_seed(7)
+    q = torch.randn(1, 20000, 4, 96, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 33333, 4, 96, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    check_sampled_rows(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tensors_past_2_31_elements(causal):
+    """batch 65 x 16 heads x 16,384 x 128 = 2.18e9 elements: the last batch element starts past
+    element 2^31. It must equal the same element computed alone, bit for bit, in every output
+    and gradient (the per-head computation does not depend on the batch size)."""
+    torch.manual_seed(8)
+    shape = (65, 16384, 16, 128)
+    assert shape[0] * shape[1] * shape[2] * shape[3] > 2**31
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qg, kg, vg = (t.requires_grad_() for t in (q, k, v))
+    out = genoflash.flash_attn_func(qg, kg, vg, causal=causal)
+    big = (out[-1:].clone(), *(g[-1:].clone() for g in torch.autograd.grad(out, (qg, kg, vg), dout)))
+    del out
+    torch.cuda.empty_cache()
+    q1, k1, v1 = (t[-1:].detach().clone().requires_grad_() for t in (q, k, v))
+    out1 = genoflash.flash_attn_func(q1, k1, v1, causal=causal)
+    alone = (out1, *torch.autograd.grad(out1, (q1, k1, v1), dout[-1:]))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), big, alone):
+        assert torch.equal(a, b), f"{name} of the last batch element differs past 2^31"
+    check_sampled_rows(q1.detach(), k1.detach(), v1.detach(), causal, n_rows=64)
+
+
+def peak_fwd_bwd_bytes(seqlen, nheads=8, headdim=128):
+    torch.cuda.empty_cache()
+    q, k, v, dout = (torch.randn(1, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16)
+                     for _ in range(4))
+    qg, kg, vg = (t.requires_grad_() for t in (q, k, v))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = genoflash.flash_attn_func(qg, kg, vg)
+    grads = torch.autograd.grad(out, (qg, kg, vg), dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out, grads
+    return peak
+
+
+def test_peak_memory_is_linear_in_seqlen():
+    """Peak extra memory for fwd+bwd at N = 16k, 32k, 64k: exactly what the outputs, gradients,
+    LSE and delta must occupy, so it doubles with N and has no N^2 term."""
+    peaks = {n: peak_fwd_bwd_bytes(n) for n in (16384, 32768, 65536)}
+    for n, peak in peaks.items():
+        tensor = n * 8 * 128 * 2  # one (1, n, 8, 128) bf16 tensor
+        # out, dq, dk, dv (4 tensors) + lse and delta (fp32, n * 8 each).
+        must = 4 * tensor + 2 * n * 8 * 4
+        assert peak <= 1.05 * must, f"N={n}: peak {peak / 2**20:.1f} MiB > 1.05 x {must / 2**20:.1f} MiB"
+    assert abs(peaks[32768] / peaks[16384] - 2) < 0.05
+    assert abs(peaks[65536] / peaks[32768] - 2) < 0.05
