@@ -174,12 +174,11 @@ def _describe(e: BaseException, notes: Sequence[str] = ()) -> str:
     if isinstance(e, torch.cuda.OutOfMemoryError):
         return "OOM"
     if "No viable backend for scaled_dot_product_attention" in str(e):
-        text = "no kernel"  # a forced SDPA backend that does not take this shape, dtype or device
-    else:
-        # Compiler errors put the useful part on the second line, so keep two.
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()][:2]
-        text = f"{type(e).__name__}: {' | '.join(lines)}"
-    return " | ".join([text, *notes])[:300]
+        # A forced SDPA backend that does not take this shape, dtype or device; the notes say why.
+        return " | ".join(["no kernel", *notes])[:300]
+    # Compiler errors put the useful part on the second line, so keep two.
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()][:2]
+    return f"{type(e).__name__}: {' | '.join(lines)}"[:300]
 
 
 def _sync(device: torch.device) -> None:
@@ -355,7 +354,8 @@ def plot(report: dict, path: Path) -> None:
                                 if (s["headdim"], s["causal"]) == (headdim, causal)
                                 and s["results"].get(name, {}).get(f"{mode}_tflops") is not None)
                 if points:
-                    ax.plot(*zip(*points), marker="o", color=f"C{i}", label=name)
+                    ax.plot(*zip(*points), marker="o", color=f"C{i}", label=name,
+                            linewidth=2.5 if name == "genoflash" else 1.5)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}")
             ax.set_ylim(bottom=0)
@@ -465,10 +465,11 @@ def main(argv: list[str]) -> int:
             _free(device)
             Path(f"{stem}.json").write_text(json.dumps(report, indent=1))  # after every shape
     finally:
-        if report["shapes"] and not args.no_plot:
-            plot(report, Path(f"{stem}.png"))
         for name, reason in unavailable.items():
             print(f"{name} unavailable: {reason}"[:200])
-        print_table(report)
-        print(f"wrote {stem}.json" + ("" if args.no_plot else f" and {stem}.png"), flush=True)
+        if report["shapes"]:
+            print_table(report)
+            if not args.no_plot:
+                plot(report, Path(f"{stem}.png"))
+            print(f"wrote {stem}.json" + ("" if args.no_plot else f" and {stem}.png"), flush=True)
     return 0
