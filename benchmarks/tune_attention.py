@@ -10,8 +10,10 @@ of each can be picked independently. Stops starting new candidates after --budge
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
+import os
 import time
 
 import torch
@@ -80,8 +82,10 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           triton=triton.__version__, results=results), fh, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(
+                datetime.timezone.utc).isoformat(timespec="seconds"), git_commit=os.environ.get("GENOFLASH_COMMIT"),
+                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, results=results),
+                fh, indent=1)
     # Best per (shape, pass), last, for the output tail.
     for key, group in itertools.groupby(sorted((r for r in results if "ms" in r),
                                                key=lambda r: (str(r["shape"]), r["pass_"], r["ms"])),
