@@ -1,8 +1,10 @@
 """genoflash: exact FlashAttention in Triton for long-sequence genomic models."""
 
 from .backends import BACKENDS, use_backend
-from .ops.attention import flash_attn_func
+from .ops.attention import flash_attn_func, flash_attn_varlen_func
+from .padding import pad_input, unpad_input
 
 __version__ = "0.1.0"
 
-__all__ = ["BACKENDS", "flash_attn_func", "use_backend", "__version__"]
+__all__ = ["BACKENDS", "flash_attn_func", "flash_attn_varlen_func", "pad_input", "unpad_input", "use_backend",
+           "__version__"]

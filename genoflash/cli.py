@@ -2,6 +2,7 @@
 
     genoflash example            attention over a DNA-length sequence: genoflash vs standard attention
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
+    genoflash bench features     what windows, varlen, ALiBi, softcap and Dv != D cost (GPU)
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ def _example(argv):
 
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
-    parser.add_argument("what", choices=["attention"])
+    parser.add_argument("what", choices=["attention", "features"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
-        return main(rest)
-    return 2
+    else:
+        from .bench.features import main
+    return main(rest)
 
 
 COMMANDS = {"example": _example, "bench": _bench}

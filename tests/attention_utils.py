@@ -28,14 +28,18 @@ def outputs_and_grads(fn, q, k, v, dout):
     return (out, *grads)
 
 
-def reference_pair(q, k, v, dout, causal, softmax_scale=None):
-    """(fp64 ground truth, same-dtype standard attention), each as (out, dq, dk, dv)."""
-    def std(a, b, c):
-        return attention_reference(a, b, c, softmax_scale, causal)[0]
+def reference_pair(q, k, v, dout, causal=False, softmax_scale=None, fn=None):
+    """(fp64 ground truth, same-dtype standard attention), each as (out, dq, dk, dv).
+
+    fn(q, k, v) -> out is the standard attention to use; by default attention_reference with
+    the given causal and softmax_scale."""
+    if fn is None:
+        def fn(a, b, c):
+            return attention_reference(a, b, c, softmax_scale, causal)[0]
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    truth = outputs_and_grads(std, q64, k64, v64, dout.double())
-    same = outputs_and_grads(std, q, k, v, dout)
+    truth = outputs_and_grads(fn, q64, k64, v64, dout.double())
+    same = outputs_and_grads(fn, q, k, v, dout)
     return truth, same
 
 

@@ -27,10 +27,11 @@ def call(q, k, v, **kw):
         (lambda: (qkv()[0], torch.randn(1, 1, 16, 2, 32), qkv()[2]), ValueError, r"k must have rank 4"),
         (lambda: (*qkv()[:2], torch.randn(1, 16, 2)), ValueError, r"v must have rank 4"),
         (lambda: (qkv(b=2)[0], *qkv(b=1)[1:]), ValueError, r"batch mismatch"),
-        (lambda: (qkv(h=4)[0], *qkv(h=2)[1:]), ValueError, r"nheads mismatch"),
+        (lambda: (qkv(h=3)[0], *qkv(h=2)[1:]), ValueError, r"must be divisible by k/v's nheads"),
+        (lambda: (*qkv(h=4)[:2], qkv(h=2)[2]), ValueError, r"nheads mismatch: k has 4, v has 2"),
         (lambda: (qkv(d=64)[0], *qkv(d=32)[1:]), ValueError, r"headdim mismatch"),
         (lambda: (*qkv()[:2], qkv(nk=15)[2]), ValueError, r"k and v must have the same seqlen"),
-        (lambda: qkv(d=264), ValueError, r"headdim must be a multiple of 8 and at most 256"),
+        (lambda: qkv(d=264), ValueError, r"headdim must be a multiple of 8 between 8 and 256"),
         (lambda: qkv(d=36), ValueError, r"headdim must be a multiple of 8"),
         (lambda: qkv(n=0), ValueError, r"seqlen_q and seqlen_k must be >= 1"),
         (lambda: (qkv()[0].half(), *qkv()[1:]), TypeError, r"share one dtype"),
@@ -38,7 +39,7 @@ def call(q, k, v, **kw):
         (lambda: (qkv()[0].numpy(), *qkv()[1:]), TypeError, r"q must be a torch.Tensor"),
         (lambda: (*qkv()[:2], qkv()[2].to("meta")), ValueError, r"one device"),
     ],
-    ids=["q-rank", "k-rank", "v-rank", "batch", "heads", "headdim", "kv-seqlen", "headdim-too-large",
+    ids=["q-rank", "k-rank", "v-rank", "batch", "heads-not-divisible", "kv-heads", "headdim", "kv-seqlen", "headdim-too-large",
          "headdim-not-multiple-of-8", "empty", "mixed-dtypes", "integer-dtype", "not-a-tensor", "mixed-devices"],
 )
 def test_bad_tensors(make, error, match):

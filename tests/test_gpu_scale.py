@@ -124,3 +124,14 @@ def test_peak_memory_is_linear_in_seqlen():
         assert peak <= 1.05 * must, f"N={n}: peak {peak / 2**20:.1f} MiB > 1.05 x {must / 2**20:.1f} MiB"
     assert abs(peaks[32768] / peaks[16384] - 2) < 0.05
     assert abs(peaks[65536] / peaks[32768] - 2) < 0.05
+
+
+def test_grid_with_more_than_65535_heads():
+    """batch * nheads = 70,400 programs per row block: more than a grid's y/z axes could hold."""
+    from .attention_utils import assert_within_rule, outputs_and_grads, random_qkv, reference_pair
+
+    torch.manual_seed(9)
+    q, k, v, dout = random_qkv(1100, 33, 47, 64, 16, torch.bfloat16, "cuda")
+    got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
+    truth, same = reference_pair(q, k, v, dout, causal=True)
+    assert_within_rule(got, truth, same)

@@ -2,14 +2,17 @@
 
 Three launches, none of which holds a seqlen_q x seqlen_k tensor:
 1. preprocess: delta_i = rowsum(dO_i * O_i), one fp32 per query row;
-2. dK/dV: each program owns one key tile and streams the query tiles that see it;
+2. dK/dV: each program owns one key tile of one K/V head and streams the query tiles
+   (of every query head in its GQA group) that see it;
 3. dQ: each program owns one query tile and streams the key tiles it sees.
 
 Every output element is written by exactly one program, with no atomics, so the
 backward is bit-for-bit deterministic. The price is recomputing P once more in pass 3.
 
-With s = q.k, P = exp(scale*s - lse), dP = dO.V^T, the gradients are
-dV = P^T dO,  dS = P * (dP - delta),  dQ = scale * dS K,  dK = scale * dS^T Q.
+With s = q.k, P = exp(score(s) - lse) where score = scale*s (softcapped, plus ALiBi),
+dP = dO.V^T and dS = P * (dP - delta) the gradient w.r.t. the score:
+    dV = P^T dO,   dQ = scale * (dS * score') K,   dK = scale * (dS * score')^T Q,
+with score' = 1 - tanh^2 under softcap and 1 otherwise.
 """
 
 from __future__ import annotations
@@ -20,217 +23,296 @@ import triton.language as tl
 
 from .block_info import _kv_block_range, _q_block_range
 from .configs import backward_config
-from .forward import head_block, input_precision
-from .mask import _mask_scores, _mask_scores_transposed
-from .softmax import LOG2E_HOST, _lse_for_recompute
+from .args import AttentionArgs
+from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, seq_strides
+from .mask import _mask_scores
+from .score_mods import _alibi_bias, _softcap
+from .seqlen_info import _sequence_bounds
+from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
 from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 
 
 @triton.jit
 def _attn_bwd_preprocess_kernel(
-    O, DO, DELTA,
+    O, DO, DELTA, CU_SEQLENS_Q,
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
+    stride_delta_b, stride_delta_h,
     nheads, seqlen_q, num_m_blocks,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, False)
+    q_start, seqlen_q, _, _ = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_Q, seqlen_q, seqlen_q, IS_VARLEN)
+    if start_m >= seqlen_q:
+        return
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), start_m, stride_om), offs_m,
-                   seqlen_q - start_m, stride_om, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), start_m, stride_dom), offs_m,
-                    seqlen_q - start_m, stride_dom, offs_d, HEAD_DIM, BLOCK_D, True)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row = q_start + start_m
+    o = _load_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om), offs_m,
+                   seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+    do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
+                    seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    row = (off_b.to(tl.int64) * nheads + off_h) * seqlen_q + start_m
-    tl.store(DELTA + row + offs_m, delta, mask=offs_m < seqlen_q - start_m)
+    delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_delta_b, stride_delta_h), row, 1)
+    tl.store(delta_ptr + offs_m, delta, mask=offs_m < seqlen_q - start_m)
 
 
 @triton.jit
-def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, stride_qm, stride_dom,
-                         start_n, lo, hi, seqlen_q, seqlen_k, qk_scale_log2,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                         start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                         softcap_in, softcap_out, slope_raw,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                         HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, MASKED: tl.constexpr,
                          INPUT_PRECISION: tl.constexpr):
-    """Accumulate one key tile's dK (unscaled) and dV over query rows [lo, hi).
+    """Accumulate one key tile's dK (unscaled) and dV over query rows [lo, hi) of one head.
 
     Works in the transposed frame (keys down, queries across) so that dK and dV come out
     of the dots in the layout they are stored in. Rows past seqlen_q read as q = dO = 0
     with lse = +inf, so their P is exactly 0 and they need no score mask.
     """
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    cols = (start_n + tl.arange(0, BLOCK_N))[:, None]
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, BLOCK_M):
+        rows = (start_m + offs_m)[None, :]
         q = _load_tile(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
                        offs_d, HEAD_DIM, BLOCK_D, True)
         do = _load_tile(_row_ptr(do_base, start_m, stride_dom), offs_m, seqlen_q - start_m, stride_dom,
-                        offs_d, HEAD_DIM, BLOCK_D, True)
+                        offs_dv, HEAD_DIM_V, BLOCK_DV, True)
         in_rows = offs_m < seqlen_q - start_m
-        lse2 = _lse_for_recompute(tl.load(lse_ptr + start_m + offs_m, mask=in_rows, other=float("-inf")))
-        delta = tl.load(delta_ptr + start_m + offs_m, mask=in_rows, other=0.0)
+        lse2 = _lse_for_recompute(tl.load(_row_ptr(lse_base, start_m, 1) + offs_m, mask=in_rows,
+                                          other=float("-inf")))
+        delta = tl.load(_row_ptr(delta_base, start_m, 1) + offs_m, mask=in_rows, other=0.0)
         sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)
+        if HAS_SOFTCAP:
+            sT, tanhT = _softcap(sT, softcap_in, softcap_out, FAST_TANH)
+        if HAS_ALIBI:
+            sT += _alibi_bias(rows, cols, seqlen_q, seqlen_k, slope_raw)
         if MASKED:
-            sT = _mask_scores_transposed(sT, start_m + offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL)
+            sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         pT = tl.math.exp2(sT * qk_scale_log2 - lse2[None, :])
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
+        if HAS_SOFTCAP:
+            dsT = dsT * (1.0 - tanhT * tanhT)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
     return dk, dv
 
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
-    nheads, seqlen_q, seqlen_k, num_n_blocks, softmax_scale, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    stride_lse_b, stride_lse_h, stride_alibi_b,
+    nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, softmax_scale,
+    qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    FAST_TANH: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
-    start_n, off_b, off_h = _tile_of_program(tl.program_id(0), num_n_blocks, nheads, BLOCK_N, False)
+    start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
+    q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
+                                                            seqlen_k, IS_VARLEN)
+    if start_n >= seqlen_k:
+        return
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     # K and V tiles stay on chip; dK and dV accumulate in registers over all query tiles.
-    k = _load_tile(_row_ptr(_head_base(K, off_b, off_h, stride_kb, stride_kh), start_n, stride_kn), offs_n,
-                   seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = _load_tile(_row_ptr(_head_base(V, off_b, off_h, stride_vb, stride_vh), start_n, stride_vn), offs_n,
-                   seqlen_k - start_n, stride_vn, offs_d, HEAD_DIM, BLOCK_D, True)
-    q_base = _head_base(Q, off_b, off_h, stride_qb, stride_qh)
-    do_base = _head_base(DO, off_b, off_h, stride_dob, stride_doh)
-    row = (off_b.to(tl.int64) * nheads + off_h) * seqlen_q
+    k = _load_tile(_row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn),
+                   offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load_tile(_row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start + start_n, stride_vn),
+                   offs_n, seqlen_k - start_n, stride_vn, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    lo, mid, hi = _q_block_range(start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    # Query tiles crossing the causal diagonal of this key tile.
-    dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, stride_qm, stride_dom,
-                                  start_n, lo, mid, seqlen_q, seqlen_k, qk_scale_log2, HEAD_DIM, BLOCK_D,
-                                  BLOCK_M, BLOCK_N, IS_CAUSAL, True, INPUT_PRECISION)
-    # Query tiles that see the whole key tile.
-    dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row, DELTA + row, stride_qm, stride_dom,
-                                  start_n, mid, hi, seqlen_q, seqlen_k, qk_scale_log2, HEAD_DIM, BLOCK_D,
-                                  BLOCK_M, BLOCK_N, IS_CAUSAL, False, INPUT_PRECISION)
+    lo, mid_lo, mid_hi, hi = _q_block_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    # GQA: every query head of the group reads this K/V tile; their gradients sum here,
+    # in a fixed order, so dK/dV need no atomics.
+    for g in range(0, kv_group):
+        off_h = off_hk * kv_group + g
+        q_base = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start, stride_qm)
+        do_base = _row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), q_start, stride_dom)
+        lse_base = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), q_start, 1)
+        delta_base = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), q_start, 1)
+        slope_raw = 0.0
+        if HAS_ALIBI:
+            slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
+        # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
+        dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                      start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D,
+                                      HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                      HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                      start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D,
+                                      HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                      HAS_ALIBI, FAST_TANH, False, INPUT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                      start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D,
+                                      HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                      HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
 
-    _store_tile(_row_ptr(_head_base(DK, off_b, off_h, stride_dkb, stride_dkh), start_n, stride_dkn),
+    _store_tile(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
                 dk * softmax_scale, offs_n, seqlen_k - start_n, stride_dkn, offs_d, HEAD_DIM, BLOCK_D)
-    _store_tile(_row_ptr(_head_base(DV, off_b, off_h, stride_dvb, stride_dvh), start_n, stride_dvn),
-                dv, offs_n, seqlen_k - start_n, stride_dvn, offs_d, HEAD_DIM, BLOCK_D)
+    _store_tile(_row_ptr(_head_base(DV, off_b, off_hk, stride_dvb, stride_dvh), k_start + start_n, stride_dvn),
+                dv, offs_n, seqlen_k - start_n, stride_dvn, offs_dv, HEAD_DIM_V, BLOCK_DV)
 
 
 @triton.jit
 def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
-                       seqlen_q, seqlen_k, qk_scale_log2,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                       seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
+                       slope_raw,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                       BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                       HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, MASKED: tl.constexpr,
                        INPUT_PRECISION: tl.constexpr):
     """Accumulate one query tile's dQ (unscaled) over key tiles [lo, hi)."""
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
+        cols = (start_n + offs_n)[None, :]
         k = _load_tile(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
                        offs_d, HEAD_DIM, BLOCK_D, MASKED)
         v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
-                       offs_d, HEAD_DIM, BLOCK_D, MASKED)
+                       offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if HAS_SOFTCAP:
+            s, tanh_s = _softcap(s, softcap_in, softcap_out, FAST_TANH)
+        if HAS_ALIBI:
+            s += _alibi_bias(rows, cols, seqlen_q, seqlen_k, slope_raw)
         if MASKED:
-            s = _mask_scores(s, offs_m, start_n + offs_n, seqlen_q, seqlen_k, IS_CAUSAL)
+            s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p = tl.math.exp2(s * qk_scale_log2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
     return dq
 
 
 @triton.jit
 def _attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
-    nheads, seqlen_q, seqlen_k, num_m_blocks, softmax_scale, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    stride_lse_b, stride_lse_h, stride_alibi_b,
+    nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
+    qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    FAST_TANH: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
 ):
-    start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, IS_CAUSAL)
+    start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
+    q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
+                                                            seqlen_k, IS_VARLEN)
+    if start_m >= seqlen_q:
+        return
+    off_hk = off_h // kv_group
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row = q_start + start_m
     # Q, dO, lse and delta for this tile stay on chip for the whole key loop.
-    q = _load_tile(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), start_m, stride_qm), offs_m,
+    q = _load_tile(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm), offs_m,
                    seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), start_m, stride_dom), offs_m,
-                    seqlen_q - start_m, stride_dom, offs_d, HEAD_DIM, BLOCK_D, True)
-    row = (off_b.to(tl.int64) * nheads + off_h) * seqlen_q + start_m
+    do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
+                    seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     in_rows = offs_m < seqlen_q - start_m
-    lse2 = _lse_for_recompute(tl.load(LSE + row + offs_m, mask=in_rows, other=float("-inf")))
-    delta = tl.load(DELTA + row + offs_m, mask=in_rows, other=0.0)
-    k_base = _head_base(K, off_b, off_h, stride_kb, stride_kh)
-    v_base = _head_base(V, off_b, off_h, stride_vb, stride_vh)
+    lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
+    delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
+    lse2 = _lse_for_recompute(tl.load(lse_ptr + offs_m, mask=in_rows, other=float("-inf")))
+    delta = tl.load(delta_ptr + offs_m, mask=in_rows, other=0.0)
+    k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
+    v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
+    slope_raw = 0.0
+    if HAS_ALIBI:
+        slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, mid, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid,
-                            seqlen_q, seqlen_k, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                            IS_CAUSAL, False, INPUT_PRECISION)
-    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid, hi,
-                            seqlen_q, seqlen_k, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                            IS_CAUSAL, True, INPUT_PRECISION)
-    _store_tile(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), start_m, stride_dqm),
+    lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                             BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
+                            seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
+                            slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                            HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
+    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo, mid_hi,
+                            seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
+                            slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                            HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, False, INPUT_PRECISION)
+    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
+                            seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
+                            slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                            HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
+    _store_tile(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
                 dq * softmax_scale, offs_m, seqlen_q - start_m, stride_dqm, offs_d, HEAD_DIM, BLOCK_D)
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, seq, head) strides of a (batch, seq, head, dim) tensor with a contiguous last dim."""
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
-def attention_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool):
-    """Returns (dq, dk, dv) in the dtypes of q, k, v. All inputs have a contiguous last dim."""
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k = k.shape[1]
-    cfg = backward_config(head_dim, causal, q.dtype, q.device)
-    block_d = head_block(head_dim)
-    precision = input_precision(q.dtype)
-    qk_scale_log2 = softmax_scale * LOG2E_HOST
+def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
+    """Returns (dq, dk, dv) in the dtypes and layouts of q, k, v. All inputs have a contiguous last dim."""
+    batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    kv_group = nheads // nheads_k
+    cfg = backward_config(max(head_dim, head_dim_v), a.causal_only, q.dtype, q.device)
+    block_d, block_dv = head_block(head_dim), head_block(head_dim_v)
+    alibi, stride_alibi_b = alibi_pointer(q, a)
+    scalars, constexprs = feature_args(q, a)
+    stride_lse_b, stride_lse_h = (0, lse.stride(0)) if a.varlen else (lse.stride(0), lse.stride(1))
 
     delta = torch.empty_like(lse)
     num_m_pre = triton.cdiv(seqlen_q, cfg.preprocess_block)
     _attn_bwd_preprocess_kernel[(num_m_pre * batch * nheads,)](
-        out, dout, delta, *_strides(out), *_strides(dout), nheads, seqlen_q, num_m_pre,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=cfg.preprocess_block,
+        out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
+        stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_M=cfg.preprocess_block, IS_VARLEN=a.varlen,
     )
 
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    shared = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, **constexprs)
 
     num_n_blocks = triton.cdiv(seqlen_k, cfg.dkdv.block_n)
-    _attn_bwd_dkdv_kernel[(num_n_blocks * batch * nheads,)](
-        q, k, v, dout, lse, delta, dk, dv,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dv),
-        nheads, seqlen_q, seqlen_k, num_n_blocks, softmax_scale, qk_scale_log2,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n,
-        IS_CAUSAL=causal, INPUT_PRECISION=precision,
+    _attn_bwd_dkdv_kernel[(num_n_blocks * batch * nheads_k,)](
+        q, k, v, dout, lse, delta, dk, dv, a.cu_seqlens_q, a.cu_seqlens_k, alibi,
+        *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
+        *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
+        stride_lse_b, stride_lse_h, stride_alibi_b,
+        nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
+        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **shared,
         num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages,
     )
 
     num_m_blocks = triton.cdiv(seqlen_q, cfg.dq.block_m)
     _attn_bwd_dq_kernel[(num_m_blocks * batch * nheads,)](
-        q, k, v, dout, lse, delta, dq,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
-        nheads, seqlen_q, seqlen_k, num_m_blocks, softmax_scale, qk_scale_log2,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n,
-        IS_CAUSAL=causal, INPUT_PRECISION=precision,
+        q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi,
+        *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
+        *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
+        nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
+        BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only, **shared,
         num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages,
     )
     return dq, dk, dv

@@ -1,11 +1,15 @@
-"""Which tiles a program must visit: the one place that knows the causal bounds.
+"""Which tiles a program must visit: the one place that knows the mask bounds.
 
-Forward and backward both loop over these ranges, so the bounds are written once.
-Causal masking is bottom-right aligned: query i sees key j iff j <= i + (seqlen_k - seqlen_q).
+Forward and backward loop over these ranges, so the bounds are written once.
+With shift = seqlen_k - seqlen_q (bottom-right alignment), query i sees key j iff
+    j >= i + shift - window_left    (when the window has a left bound)
+    j <= i + shift + window_right   (when it has a right bound; causal is window_right = 0)
+and j < seqlen_k.
 
-Each range is split in two: tiles that need no mask at all (every (i, j) pair is visible
-and in bounds) and tiles that straddle a boundary (the causal diagonal or a sequence end),
-so only the boundary tiles pay for masking.
+Each range comes in three parts: [lo, mid_lo) and [mid_hi, hi) hold tiles that straddle
+a boundary and must be masked; [mid_lo, mid_hi) holds whole tiles where every pair is
+visible, which skip the mask. Tiles outside [lo, hi) are invisible to every row and are
+never touched, so a window costs O(N * window), not O(N^2).
 """
 
 import triton
@@ -13,48 +17,69 @@ import triton.language as tl
 
 
 @triton.jit
-def _kv_block_range(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    IS_CAUSAL: tl.constexpr):
-    """For the query rows [start_m, start_m + BLOCK_M): key positions (lo, mid, hi).
+def _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """For query rows [start_m, start_m + BLOCK_M): key positions (lo, mid_lo, mid_hi, hi).
 
-    Keys [lo, mid) come in whole BLOCK_N tiles that need no mask; keys [mid, hi) need one.
-    Keys at or past hi are invisible to every row of the block and are skipped.
+    lo, mid_lo and mid_hi are multiples of BLOCK_N; hi need not be (the last masked tile
+    is cut by the j < seqlen_k mask). Rows past seqlen_q are ignored: nothing stores them.
     """
-    # Full key tiles end here; the last partial tile (if any) must be masked for j < seqlen_k.
-    full_end = (seqlen_k // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        shift = seqlen_k - seqlen_q
-        # The block's last row sees keys up to start_m + BLOCK_M - 1 + shift.
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), seqlen_k)
-        # The block's first row sees keys up to start_m + shift: whole tiles below that are unmasked.
-        mid = (tl.maximum(start_m + shift + 1, 0) // BLOCK_N) * BLOCK_N
-        # mid stays a multiple of BLOCK_N and never passes hi: start_m + shift + 1 <= the
-        # unclamped hi, and full_end <= seqlen_k.
-        mid = tl.minimum(mid, full_end)
+    shift = seqlen_k - seqlen_q
+    first_row = start_m
+    last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
+    if HAS_LEFT:
+        lo = (tl.maximum(first_row + shift - window_left, 0) // BLOCK_N) * BLOCK_N
+        # Every row of the tile sees keys from last_row + shift - window_left on.
+        mid_lo = tl.cdiv(tl.maximum(last_row + shift - window_left, 0), BLOCK_N) * BLOCK_N
+    else:
+        lo = 0
+        mid_lo = 0
+    if HAS_RIGHT:
+        hi = tl.minimum(tl.maximum(last_row + shift + window_right + 1, 0), seqlen_k)
+        # Every row of the tile sees keys up to first_row + shift + window_right.
+        mid_hi = tl.minimum(tl.maximum(first_row + shift + window_right + 1, 0), seqlen_k)
     else:
         hi = seqlen_k
-        mid = full_end
-    return 0, mid, hi
+        mid_hi = seqlen_k
+    # Only whole tiles inside seqlen_k can skip the mask.
+    mid_hi = (mid_hi // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)
+    # No whole visible tile: everything in [lo, hi) goes through the masked path.
+    empty_middle = mid_hi <= mid_lo
+    mid_lo = tl.where(empty_middle, lo, mid_lo)
+    mid_hi = tl.where(empty_middle, lo, mid_hi)
+    return lo, mid_lo, mid_hi, hi
 
 
 @triton.jit
-def _q_block_range(start_n, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr):
-    """For the key rows [start_n, start_n + BLOCK_N): query positions (lo, mid, hi).
+def _q_block_range(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """For key rows [start_n, start_n + BLOCK_N): query positions (lo, mid_lo, mid_hi, hi).
 
-    Queries [lo, mid) need the causal mask; queries [mid, hi) see every key of the tile.
-    (Rows past seqlen_q and keys past seqlen_k are zero-filled by the loads and carry an
-    lse of +inf, so they contribute exactly zero; no score mask is needed for them here.)
+    Query i sees key j iff j - shift - window_right <= i <= j - shift + window_left.
+    Rows past seqlen_q read as q = dO = 0 with lse = +inf, so their P is exactly 0 and the
+    unmasked middle may end in a partial tile; keys past seqlen_k are never stored.
     """
-    if IS_CAUSAL:
-        shift = seqlen_k - seqlen_q
-        # Query i sees key j iff i >= j - shift. The tile's first key is seen from row start_n - shift.
-        lo = (tl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
-        # Every key of the tile (up to start_n + BLOCK_N - 1) is seen from row start_n + BLOCK_N - 1 - shift.
-        first_full = tl.maximum(start_n + BLOCK_N - 1 - shift, 0)
-        # lo < seqlen_q for any key tile that exists (start_n < seqlen_k), so lo <= mid.
-        mid = tl.minimum(((first_full + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, seqlen_q)
+    shift = seqlen_k - seqlen_q
+    first_key = start_n
+    last_key = tl.minimum(start_n + BLOCK_N, seqlen_k) - 1
+    if HAS_RIGHT:
+        lo = (tl.maximum(first_key - shift - window_right, 0) // BLOCK_M) * BLOCK_M
+        # Rows from last_key - shift - window_right on see every key of the tile (right side).
+        mid_lo = tl.cdiv(tl.maximum(last_key - shift - window_right, 0), BLOCK_M) * BLOCK_M
     else:
         lo = 0
-        mid = 0
-    return lo, mid, seqlen_q
+        mid_lo = 0
+    if HAS_LEFT:
+        hi = tl.minimum(tl.maximum(last_key - shift + window_left + 1, 0), seqlen_q)
+        # Rows up to first_key - shift + window_left see every key of the tile (left side).
+        mid_hi = (tl.maximum(first_key - shift + window_left + 1, 0) // BLOCK_M) * BLOCK_M
+        mid_hi = tl.minimum(mid_hi, hi)
+    else:
+        hi = seqlen_q
+        mid_hi = seqlen_q
+    lo = tl.minimum(lo, hi)
+    empty_middle = mid_hi <= mid_lo
+    mid_lo = tl.where(empty_middle, lo, mid_lo)
+    mid_hi = tl.where(empty_middle, lo, mid_hi)
+    return lo, mid_lo, mid_hi, hi

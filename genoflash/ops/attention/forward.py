@@ -1,8 +1,10 @@
 """FlashAttention forward in Triton: one fused kernel, O and the LSE are its only writes.
 
-Each program owns one BLOCK_M tile of queries of one (batch, head) (FlashAttention-2's
+Each program owns one BLOCK_M tile of queries of one (sequence, head) (FlashAttention-2's
 sequence-parallel split). Its Q tile stays on chip while it streams K/V tiles through
-an online softmax; the N x N score matrix never exists outside registers.
+an online softmax; the N x N score matrix never exists outside registers. Masks
+(causal, sliding window, sequence ends), ALiBi and softcap are applied to each score
+tile in registers, and tiles a mask hides entirely are never loaded.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ...backends import triton_interpreted
+from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
 from .mask import _mask_scores
+from .score_mods import _alibi_bias, _softcap
+from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 from .tile_scheduler import _tile_of_program
 from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
@@ -21,73 +27,106 @@ from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 
 @triton.jit
 def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
-                    seqlen_q, seqlen_k, qk_scale_log2,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                    seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
+                    slope_raw,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, MASKED: tl.constexpr,
                     INPUT_PRECISION: tl.constexpr):
     """Stream key tiles [lo, hi) into the running state of one query tile.
 
     Invariant after each tile: acc is un-normalised (acc / l_i is the output over the keys
     seen so far), m_i is the running row max of scale*log2(e)*s, and l_i = sum exp2(. - m_i).
     """
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
+        cols = (start_n + offs_n)[None, :]
         # Only masked tiles can hold the seqlen_k tail, so only they check rows.
         k = _load_tile(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
                        offs_d, HEAD_DIM, BLOCK_D, MASKED)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if HAS_SOFTCAP:
+            s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
+        if HAS_ALIBI:
+            s += _alibi_bias(rows, cols, seqlen_q, seqlen_k, slope_raw)
         if MASKED:
-            s = _mask_scores(s, offs_m, start_n + offs_n, seqlen_q, seqlen_k, IS_CAUSAL)
+            s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, MASKED)
         v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
-                       offs_d, HEAD_DIM, BLOCK_D, MASKED)
+                       offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
     return acc, m_i, l_i
 
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
-    nheads, seqlen_q, seqlen_k, num_m_blocks, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    stride_lse_b, stride_lse_h, stride_alibi_b,
+    nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks,
+    qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    FAST_TANH: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
 ):
-    start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, IS_CAUSAL)
+    # HEAVY_LAST (causal): query tiles late in the sequence see the most keys; launch them first.
+    start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
+    q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
+                                                            seqlen_k, IS_VARLEN)
+    if start_m >= seqlen_q:  # varlen: this sequence is shorter than max_seqlen_q; padding costs nothing
+        return
+    off_hk = off_h // kv_group  # GQA: query heads share K/V heads; K/V are never expanded
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
 
     # The Q tile is loaded once and stays on chip for the whole key loop.
-    q = _load_tile(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), start_m, stride_qm), offs_m,
-                   seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
-    k_base = _head_base(K, off_b, off_h, stride_kb, stride_kh)
-    v_base = _head_base(V, off_b, off_h, stride_vb, stride_vh)
+    q = _load_tile(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm),
+                   offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
+    v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
+    slope_raw = 0.0
+    if HAS_ALIBI:
+        slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    lo, mid, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    # Off-band tiles: every score visible, no mask work.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid,
-                                    seqlen_q, seqlen_k, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                                    IS_CAUSAL, False, INPUT_PRECISION)
-    # On-band tiles: the causal diagonal and the seqlen_k tail pay for the mask.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid, hi,
-                                    seqlen_q, seqlen_k, qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                                    IS_CAUSAL, True, INPUT_PRECISION)
+    lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                             BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    # Left edge of a sliding window: masked.
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
+                                    seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
+                                    softcap_out, slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                                    BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True,
+                                    INPUT_PRECISION)
+    # Whole tiles where every score is visible: no mask work.
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo,
+                                    mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                                    softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV,
+                                    BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH,
+                                    False, INPUT_PRECISION)
+    # The causal diagonal / right window edge and the seqlen_k tail: masked.
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
+                                    seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
+                                    softcap_out, slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                                    BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True,
+                                    INPUT_PRECISION)
 
     out, lse = _finalize_softmax(acc, m_i, l_i)
-    _store_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), start_m, stride_om), out, offs_m,
-                seqlen_q - start_m, stride_om, offs_d, HEAD_DIM, BLOCK_D)
-    # LSE is (batch, nheads, seqlen_q), contiguous; the row offset can pass 2^31, so int64.
-    lse_row = (off_b.to(tl.int64) * nheads + off_h) * seqlen_q + start_m
-    tl.store(LSE + lse_row + offs_m, lse, mask=offs_m < seqlen_q - start_m)
+    _store_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), q_start + start_m, stride_om), out,
+                offs_m, seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV)
+    lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), q_start + start_m, 1)
+    tl.store(lse_ptr + offs_m, lse, mask=offs_m < seqlen_q - start_m)
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -100,25 +139,73 @@ def head_block(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
-                      causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, Nq, H, D), k/v (B, Nk, H, D), last dim contiguous -> out (B, Nq, H, D), lse (B, H, Nq) fp32."""
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k = k.shape[1]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, nheads, seqlen_q), device=q.device, dtype=torch.float32)
-    cfg = forward_config(head_dim, causal, q.dtype, q.device)
+def seq_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, seq, head) strides of (batch, seq, head, dim), or of packed (total, head, dim)
+    where the batch stride is 0 and sequences are found through cu_seqlens."""
+    if varlen:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def kernel_geometry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
+    """(batch, nheads, nheads_k, seqlen_q, seqlen_k) as the kernels see them (max lengths in varlen)."""
+    if a.varlen:
+        return a.cu_seqlens_q.numel() - 1, q.shape[1], k.shape[1], a.max_seqlen_q, a.max_seqlen_k
+    return q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1]
+
+
+def feature_args(q: torch.Tensor, a: AttentionArgs) -> tuple[list, dict]:
+    """Runtime scalars and constexpr switches shared by the forward and backward kernels."""
+    scale = a.softmax_scale
+    alibi = a.alibi_slopes
+    scalars = [scale * LOG2E_HOST, a.window_left, a.window_right,
+               scale / a.softcap if a.softcap > 0 else 0.0, a.softcap / scale if a.softcap > 0 else 0.0,
+               1.0 / scale]
+    constexprs = dict(
+        IS_VARLEN=a.varlen, HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0,
+        HAS_SOFTCAP=a.softcap > 0, HAS_ALIBI=alibi is not None,
+        FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(),
+        INPUT_PRECISION=input_precision(q.dtype),
+    )
+    return scalars, constexprs
+
+
+def alibi_pointer(q: torch.Tensor, a: AttentionArgs) -> tuple[torch.Tensor, int]:
+    """ALiBi slopes and their batch stride (0 for per-head slopes); a dummy when unused."""
+    if a.alibi_slopes is None:
+        return q, 0  # never read: HAS_ALIBI is False
+    slopes = a.alibi_slopes
+    return slopes, (slopes.stride(0) if slopes.dim() == 2 else 0)
+
+
+def lse_layout(batch: int, nheads: int, seqlen_q: int, total_q: int, varlen: bool, device):
+    """LSE as flash-attn lays it out: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
+    Returns (lse, batch stride, head stride)."""
+    if varlen:
+        lse = torch.empty((nheads, total_q), device=device, dtype=torch.float32)
+        return lse, 0, lse.stride(0)
+    lse = torch.empty((batch, nheads, seqlen_q), device=device, dtype=torch.float32)
+    return lse, lse.stride(0), lse.stride(1)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
+    """Returns (out, lse). q (B, Nq, H, D) and k/v (B, Nk, Hk, D or Dv), or packed (total, H, D)
+    with a.cu_seqlens_*; the last dim of each is contiguous."""
+    batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
+    lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, q.shape[0], a.varlen, q.device)
+    cfg = forward_config(max(head_dim, head_dim_v), a.causal_only, q.dtype, q.device)
     num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
-    grid = (num_m_blocks * batch * nheads,)
-    _attn_fwd_kernel[grid](
-        q, k, v, out, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        nheads, seqlen_q, seqlen_k, num_m_blocks, softmax_scale * LOG2E_HOST,
-        HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_CAUSAL=causal, INPUT_PRECISION=input_precision(q.dtype),
+    alibi, stride_alibi_b = alibi_pointer(q, a)
+    scalars, constexprs = feature_args(q, a)
+    _attn_fwd_kernel[(num_m_blocks * batch * nheads,)](
+        q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi,
+        *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
+        *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
+        nheads, nheads // nheads_k, seqlen_q, seqlen_k, num_m_blocks, *scalars,
+        HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, **constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse

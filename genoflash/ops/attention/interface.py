@@ -1,7 +1,7 @@
-"""`flash_attn_func`: validate -> choose a backend -> autograd.Function.
+"""`flash_attn_func` and `flash_attn_varlen_func`: validate -> choose a backend -> autograd.Function.
 
-Argument names and layouts follow flash-attn, so code written for flash-attn switches
-with one import.
+Argument names, layouts and semantics follow flash-attn, so code written for flash-attn
+switches with one import.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import torch
 
 from ...backends import select_backend, triton_interpreted
-from .chunked import attention_chunked_backward, attention_chunked_forward
-from .reference import attention_reference
+from . import chunked, reference
+from .args import AttentionArgs
 
 MAX_HEADDIM = 256
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -21,36 +21,48 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_SEQ_STRIDE = (2**31 - 1) // 256
 
 
-def _check_tensor(name: str, t) -> None:
+# ---------------------------------------------------------------- validation
+
+def _check_tensor(name: str, t, rank: int, layout: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16 or float32), got {t.dtype}")
-    if t.dim() != 4:
-        raise ValueError(f"{name} must have rank 4 (batch, seqlen, nheads, headdim), got shape {tuple(t.shape)}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
 
 
-def _check_inputs(q, k, v, softmax_scale) -> float:
+def _check_headdim(name: str, d: int) -> None:
+    if d > MAX_HEADDIM or d % 8 != 0 or d < 8:
+        raise ValueError(f"{name} headdim must be a multiple of 8 between 8 and {MAX_HEADDIM}, got {d}")
+
+
+def _check_qkv(q, k, v, varlen: bool) -> None:
+    rank, layout = (3, "(total, nheads, headdim)") if varlen else (4, "(batch, seqlen, nheads, headdim)")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
+        _check_tensor(name, t, rank, layout)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
-    batch, seqlen_q, nheads, headdim = q.shape
-    if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"batch mismatch: q {batch}, k {k.shape[0]}, v {v.shape[0]}")
-    if k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same seqlen, got k {k.shape[1]}, v {v.shape[1]}")
-    if k.shape[2] != nheads or v.shape[2] != nheads:
-        raise ValueError(f"nheads mismatch: q {nheads}, k {k.shape[2]}, v {v.shape[2]}")
-    if k.shape[3] != headdim or v.shape[3] != headdim:
-        raise ValueError(f"headdim mismatch: q {headdim}, k {k.shape[3]}, v {v.shape[3]}")
-    if headdim > MAX_HEADDIM or headdim % 8 != 0:
-        raise ValueError(f"headdim must be a multiple of 8 and at most {MAX_HEADDIM}, got {headdim}")
-    if batch < 1 or nheads < 1 or seqlen_q < 1 or k.shape[1] < 1:
-        raise ValueError(f"batch, nheads, seqlen_q and seqlen_k must be >= 1, got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}")
+    if not varlen and not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[-3] != v.shape[-3]:
+        raise ValueError(f"k and v must have the same seqlen, got k {k.shape[-3]}, v {v.shape[-3]}")
+    nheads, nheads_k = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != nheads_k:
+        raise ValueError(f"nheads mismatch: k has {nheads_k}, v has {v.shape[-2]}")
+    if nheads_k < 1 or nheads % nheads_k != 0:
+        raise ValueError(f"nheads mismatch: q's nheads ({nheads}) must be divisible by k/v's nheads ({nheads_k})")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"headdim mismatch: q {q.shape[-1]}, k {k.shape[-1]}")
+    _check_headdim("q/k", q.shape[-1])
+    _check_headdim("v", v.shape[-1])
+    if any(s < 1 for s in q.shape[:-2] + k.shape[:-2]):
+        raise ValueError(f"batch, seqlen_q and seqlen_k must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def _check_scale(softmax_scale, headdim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(headdim)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
@@ -60,19 +72,58 @@ def _check_inputs(q, k, v, softmax_scale) -> float:
     return float(softmax_scale)
 
 
-def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    # The kernels take any batch/seq/head strides; only the channel stride must be 1.
-    t = t if t.stride(-1) == 1 else t.contiguous()
-    if t.stride(1) > _MAX_SEQ_STRIDE:
-        t = t.contiguous()
-    return t
+def _check_window(window_size, causal: bool) -> tuple[int, int]:
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    for side, w in (("left", left), ("right", right)):
+        if isinstance(w, bool) or not isinstance(w, int):
+            raise TypeError(f"window_size {side} must be an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"window_size {side} must be >= -1 (-1 means unbounded), got {w}")
+    # flash-attn: causal is a window whose right edge is the diagonal.
+    return left, (0 if causal else right)
 
 
-def _triton_ops():
-    # Imported lazily: triton is only needed for this backend.
-    from .backward import attention_backward
-    from .forward import attention_forward
-    return attention_forward, attention_backward
+def _check_softcap(softcap) -> float:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be finite and >= 0 (0 disables it), got {softcap}")
+    return float(softcap)
+
+
+def _check_alibi(alibi_slopes, batch: int, nheads: int, device) -> torch.Tensor | None:
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+        raise TypeError("alibi_slopes must be a float32 tensor")
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
+                         f"got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes must be on {device}, got {alibi_slopes.device}")
+    return alibi_slopes.contiguous()
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, device) -> list[int]:
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+        raise TypeError(f"{name} must be a 1-D int32 tensor of batch + 1 prefix sums")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on {device}, got {cu.device}")
+    values = cu.tolist()  # one small device-to-host copy; a wrong cu_seqlens must never read out of bounds
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if values[0] != 0 or min(lengths) < 0:
+        raise ValueError(f"{name} must start at 0 and never decrease, got {values[:8]}...")
+    if values[-1] != total:
+        raise ValueError(f"{name} ends at {values[-1]} but the packed tensor holds {total} tokens")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"max_seqlen for {name} must be an int, got {type(max_seqlen).__name__}")
+    if max_seqlen < max(lengths):
+        raise ValueError(f"max_seqlen ({max_seqlen}) is smaller than the longest sequence in {name} "
+                         f"({max(lengths)})")
+    return lengths
 
 
 def _check_triton_device(q: torch.Tensor) -> None:
@@ -83,31 +134,75 @@ def _check_triton_device(q: torch.Tensor) -> None:
                          "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")
 
 
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # The kernels take any batch/seq/head strides; only the channel stride must be 1.
+    if t.stride(-1) != 1 or t.stride(-3) > _MAX_SEQ_STRIDE:
+        t = t.contiguous()
+    return t
+
+
+# ---------------------------------------------------------------- backends
+
+def _torch_kwargs(a: AttentionArgs) -> dict:
+    """AttentionArgs -> the keyword arguments of the torch and reference backends."""
+    return dict(causal=False, window_size=(a.window_left, a.window_right), softcap=a.softcap,
+                alibi_slopes=a.alibi_slopes)
+
+
+def _forward(q, k, v, a: AttentionArgs, backend: str):
+    if backend == "triton":
+        from .forward import attention_forward  # triton is only needed for this backend
+        return attention_forward(q, k, v, a)
+    if a.varlen:
+        return chunked.attention_chunked_varlen_forward(q, k, v, a.cu_seqlens_q, a.cu_seqlens_k,
+                                                        a.softmax_scale, **_torch_kwargs(a))
+    return chunked.attention_chunked_forward(q, k, v, a.softmax_scale, **_torch_kwargs(a))
+
+
+def _backward(dout, q, k, v, out, lse, a: AttentionArgs, backend: str):
+    if backend == "triton":
+        from .backward import attention_backward
+        return attention_backward(dout, q, k, v, out, lse, a)
+    if a.varlen:
+        return chunked.attention_chunked_varlen_backward(dout, q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k,
+                                                         a.softmax_scale, **_torch_kwargs(a))
+    return chunked.attention_chunked_backward(dout, q, k, v, out, lse, a.softmax_scale, **_torch_kwargs(a))
+
+
 class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, backend):
+    def forward(ctx, q, k, v, args: AttentionArgs, backend: str):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        if backend == "triton":
-            forward, _ = _triton_ops()
-            out, lse = forward(q, k, v, softmax_scale, causal)
-        else:
-            out, lse = attention_chunked_forward(q, k, v, softmax_scale, causal)
+        out, lse = _forward(q, k, v, args, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.softmax_scale, ctx.causal, ctx.backend = softmax_scale, causal, backend
+        ctx.args, ctx.backend = args, backend
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dout = _last_dim_contiguous(dout)
-        if ctx.backend == "triton":
-            _, backward = _triton_ops()
-            dq, dk, dv = backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
-        else:
-            dq, dk, dv = attention_chunked_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _backward(_last_dim_contiguous(dout), q, k, v, out, lse, ctx.args, ctx.backend)
+        return dq, dk, dv, None, None
 
+
+def _run(q, k, v, args: AttentionArgs, return_lse: bool):
+    backend = select_backend(q.device)
+    if backend == "reference":
+        kw = _torch_kwargs(args)
+        if args.varlen:
+            out, lse = reference.attention_reference_varlen(q, k, v, args.cu_seqlens_q, args.cu_seqlens_k,
+                                                            args.softmax_scale, **kw)
+        else:
+            out, lse = reference.attention_reference(q, k, v, args.softmax_scale, **kw)
+        return (out, lse.detach()) if return_lse else out
+    if backend == "triton":
+        _check_triton_device(q)
+    out, lse = FlashAttnFunc.apply(q, k, v, args, backend)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------- public functions
 
 def flash_attn_func(
     q: torch.Tensor,
@@ -115,6 +210,9 @@ def flash_attn_func(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
     deterministic: bool = True,
 ):
@@ -122,23 +220,63 @@ def flash_attn_func(
 
     Args:
         q: (batch, seqlen_q, nheads, headdim).
-        k, v: (batch, seqlen_k, nheads, headdim). seqlen_k may differ from seqlen_q.
+        k: (batch, seqlen_k, nheads_k, headdim); nheads_k divides nheads (GQA/MQA).
+        v: (batch, seqlen_k, nheads_k, headdim_v); headdim_v may differ from headdim.
         softmax_scale: defaults to 1 / sqrt(headdim).
-        causal: bottom-right aligned mask (flash-attn >= 2.1): query i sees keys
+        causal: bottom-right aligned (flash-attn >= 2.1): query i sees keys
             j <= i + seqlen_k - seqlen_q. A query that sees no key gets output 0, lse -inf.
+        window_size: (left, right): query i sees keys j with
+            i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right; -1 is unbounded.
+        softcap: if > 0, scores become softcap * tanh(scores / softcap) before the softmax.
+        alibi_slopes: float32 (nheads,) or (batch, nheads); adds -slope * |i + seqlen_k - seqlen_q - j|.
         return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
         deterministic: accepted for flash-attn compatibility. Every genoflash backward is
             deterministic (no atomics), so two backward passes are bitwise equal either way.
 
     Returns:
-        out with q's shape and dtype, or (out, lse) when return_lse.
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or (out, lse) when return_lse.
     """
-    softmax_scale = _check_inputs(q, k, v, softmax_scale)
-    backend = select_backend(q.device)
-    if backend == "reference":
-        out, lse = attention_reference(q, k, v, softmax_scale, causal)
-        return (out, lse.detach()) if return_lse else out
-    if backend == "triton":
-        _check_triton_device(q)
-    out, lse = FlashAttnFunc.apply(q, k, v, softmax_scale, bool(causal), backend)
-    return (out, lse) if return_lse else out
+    _check_qkv(q, k, v, varlen=False)
+    left, right = _check_window(window_size, causal)
+    args = AttentionArgs(
+        softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
+        softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device))
+    return _run(q, k, v, args, return_lse)
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    return_lse: bool = False,
+    deterministic: bool = True,
+):
+    """Attention over a packed batch of variable-length sequences (flash-attn's varlen layout).
+
+    q: (total_q, nheads, headdim); k: (total_k, nheads_k, headdim); v: (total_k, nheads_k, headdim_v).
+    cu_seqlens_q/k: int32 (batch + 1,) prefix sums: sequence b holds rows [cu[b], cu[b+1]).
+    max_seqlen_q/k: at least the longest sequence. Masks, positions (causal alignment, ALiBi)
+    and the softmax are per sequence: no sequence attends across its neighbour, and padding
+    costs no compute. Other arguments as in `flash_attn_func`; lse is (nheads, total_q).
+    """
+    _check_qkv(q, k, v, varlen=True)
+    lengths_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
+    lengths_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
+    if len(lengths_q) != len(lengths_k):
+        raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}")
+    left, right = _check_window(window_size, causal)
+    args = AttentionArgs(
+        softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
+        softcap=_check_softcap(softcap),
+        alibi_slopes=_check_alibi(alibi_slopes, len(lengths_q), q.shape[1], q.device),
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return _run(q, k, v, args, return_lse)

@@ -1,6 +1,8 @@
 """Score masking for the tiles that straddle a boundary (see block_info.py).
 
 Masked scores become -inf, so their probabilities are exactly 0 after exp2.
+Row and column indices come in already broadcast ((M, 1) and (1, N), or transposed),
+so one helper serves the forward, dQ and the transposed dK/dV frames alike.
 """
 
 import triton
@@ -8,19 +10,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _mask_scores(s, offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL: tl.constexpr):
-    """s is a (BLOCK_M, BLOCK_N) score tile for query rows offs_m and key columns offs_n."""
-    visible = offs_n[None, :] < seqlen_k
-    if IS_CAUSAL:
-        # Bottom-right alignment: query i sees key j iff j <= i + seqlen_k - seqlen_q.
-        visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
-    return tl.where(visible, s, float("-inf"))
+def _visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT: tl.constexpr,
+             HAS_RIGHT: tl.constexpr):
+    """True where query `rows` may attend to key `cols` (bottom-right aligned window)."""
+    shift = seqlen_k - seqlen_q
+    visible = cols < seqlen_k
+    if HAS_LEFT:
+        visible = visible & (cols >= rows + shift - window_left)
+    if HAS_RIGHT:
+        visible = visible & (cols <= rows + shift + window_right)
+    return visible
 
 
 @triton.jit
-def _mask_scores_transposed(sT, offs_m, offs_n, seqlen_q, seqlen_k, IS_CAUSAL: tl.constexpr):
-    """The same mask for a (BLOCK_N, BLOCK_M) tile of transposed scores (keys down, queries across)."""
-    visible = offs_n[:, None] < seqlen_k
-    if IS_CAUSAL:
-        visible = visible & (offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q))
-    return tl.where(visible, sT, float("-inf"))
+def _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT: tl.constexpr,
+                 HAS_RIGHT: tl.constexpr):
+    return tl.where(_visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT),
+                    s, float("-inf"))

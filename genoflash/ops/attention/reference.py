@@ -4,12 +4,18 @@ This is what a reader opens first to learn what the op computes. It materialises
 full (seqlen_q, seqlen_k) score matrix, so it costs O(N^2) memory: it exists for tests
 (the float64 ground truth) and for memory comparisons, never for long sequences.
 
-Layout follows flash-attn: q is (batch, seqlen_q, nheads, headdim), k and v are
-(batch, seqlen_k, nheads, headdim).
+Layout follows flash-attn: q is (batch, seqlen_q, nheads, headdim), k is
+(batch, seqlen_k, nheads_k, headdim) and v is (batch, seqlen_k, nheads_k, headdim_v).
+nheads_k divides nheads (GQA/MQA): query head h uses kv head h // (nheads // nheads_k).
 
-Causal masking is aligned bottom-right (flash-attn >= 2.1): query i may attend to key j
-iff j <= i + seqlen_k - seqlen_q. A query that sees no key at all gets output 0 and a
-log-sum-exp of -inf (never NaN).
+For query i and key j, with shift = seqlen_k - seqlen_q (positions aligned bottom-right,
+as in flash-attn >= 2.1):
+    score = softmax_scale * q_i . k_j
+    score = softcap * tanh(score / softcap)          if softcap > 0
+    score = score - slope_h * |i + shift - j|        if alibi_slopes is given
+key j is visible iff (left < 0 or j >= i + shift - left) and (right < 0 or j <= i + shift + right)
+with (left, right) = window_size; causal means right = 0. A query that sees no key gets
+output 0 and a log-sum-exp of -inf (never NaN).
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import math
 import torch
 
 
-def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool, device=None) -> torch.Tensor | None:
-    """Boolean (seqlen_q, seqlen_k) mask, True where query i may attend to key j."""
-    if not causal:
+def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool = False, device=None,
+                   window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor | None:
+    """Boolean (seqlen_q, seqlen_k) mask, True where query i may attend to key j (None: all)."""
+    left, right = window_size[0], 0 if causal else window_size[1]
+    if left < 0 and right < 0:
         return None
-    i = torch.arange(seqlen_q, device=device)[:, None]
+    i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
     j = torch.arange(seqlen_k, device=device)[None, :]
-    return j <= i + (seqlen_k - seqlen_q)
+    return ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
 
 
 def attention_reference(
@@ -34,18 +42,34 @@ def attention_reference(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (out, lse), lse in natural log. Differentiable through plain torch autograd.
+    """Returns (out, lse), lse (batch, nheads, seqlen_q) in natural log. Differentiable
+    through plain torch autograd.
 
     Matmuls run in the input dtype (as "same-dtype standard attention" does); the softmax
     runs in float32 (float64 for float64 inputs) and its probabilities are cast back to the
     input dtype before the second matmul.
     """
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k = k.shape[1]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    # GQA: give every query head its own copy of its kv head (plain, and O(N) extra memory).
+    group = nheads // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     # (batch, nheads, seqlen_q, seqlen_k): the N x N matrix that flash attention avoids.
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc_dtype) * scale
-    mask = attention_mask(q.shape[1], k.shape[1], causal, q.device)
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        i = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)
+        j = torch.arange(seqlen_k, device=q.device)[None, :]
+        slopes = alibi_slopes.to(acc_dtype).reshape(-1, nheads, 1, 1)  # (1 or batch, nheads, 1, 1)
+        scores = scores - slopes * (i - j).abs().to(acc_dtype)
+    mask = attention_mask(seqlen_q, seqlen_k, causal, q.device, window_size)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
@@ -54,3 +78,31 @@ def attention_reference(
     probs = probs.to(v.dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     return out, lse  # float32 (float64 for float64 inputs)
+
+
+def attention_reference_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sequences: q (total_q, nheads, headdim), k/v (total_k, nheads_k, ...), sequence b
+    being rows cu_seqlens[b]:cu_seqlens[b + 1]. Each sequence is attended on its own (the
+    mask, shift and ALiBi distances use its own lengths). Returns out (total_q, nheads,
+    headdim_v) and lse (nheads, total_q), as flash-attn's varlen functions do."""
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        out, lse = attention_reference(
+            q[cu_q[b]:cu_q[b + 1]][None], k[cu_k[b]:cu_k[b + 1]][None], v[cu_k[b]:cu_k[b + 1]][None],
+            softmax_scale, causal, window_size, softcap, slopes)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1)

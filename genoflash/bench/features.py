@@ -1,0 +1,147 @@
+"""`genoflash bench features`: what the fused masks and biases cost, measured on the GPU.
+
+Each case times forward and forward+backward (median of `triton.testing.do_bench`) and
+reports TF/s over the FLOPs that are useful under its mask, so a sliding window or a
+varlen batch is not credited for work it skips:
+    forward  = 2 * (D + Dv) * (number of visible (query, key) pairs) per head,
+    fwd+bwd  = 3.5 x forward  (the convention of the FlashAttention papers).
+
+Cases (bf16, H=8 or 16, D=128 unless noted):
+  window   sliding window +-2048, non-causal, N = 16k, 64k, 256k (time must grow linearly in N)
+  varlen   65,536 tokens as mixed lengths 1k-32k vs as 4 x 16k
+  dv       value head dim != key head dim: (64, 192), (128, 192), (192, 128) at N = 16k
+  alibi    ALiBi vs plain at N = 16k, H=16
+  softcap  softcap 30 vs plain at N = 16k, H=16
+Results go to <out>/<gpu>-<date>-features.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from ..ops.attention import flash_attn_func, flash_attn_varlen_func
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> int:
+    """Number of (query, key) pairs the mask leaves visible, computed per row in O(N)."""
+    left, right = window[0], 0 if causal else window[1]
+    i = torch.arange(seqlen_q, dtype=torch.int64) + (seqlen_k - seqlen_q)
+    lo = (i - left).clamp(min=0) if left >= 0 else torch.zeros_like(i)
+    hi = (i + right).clamp(max=seqlen_k - 1) if right >= 0 else torch.full_like(i, seqlen_k - 1)
+    return int((hi - lo + 1).clamp(min=0).sum())
+
+
+def _time(fn) -> float:
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def measure(call, inputs, pairs_per_head: int, nheads: int, d: int, dv: int) -> dict:
+    """Forward and fwd+bwd of call(*inputs) -> out: ms, useful TF/s, peak GiB."""
+    dout = torch.randn_like(call(*inputs))
+    fwd_flops = 2 * (d + dv) * pairs_per_head * nheads
+    rec = {}
+    for mode, fn, flops in (("fwd", lambda: call(*inputs), fwd_flops),
+                            ("fwd_bwd", lambda: torch.autograd.grad(call(*inputs), inputs, dout), 3.5 * fwd_flops)):
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        ms = _time(fn)
+        rec.update({f"{mode}_ms": ms, f"{mode}_tflops": flops / ms * 1e-9,
+                    f"{mode}_peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+    return rec
+
+
+def _qkv(batch, seqlen, nheads, d, dv, packed=False):
+    shape = (batch * seqlen,) if packed else (batch, seqlen)
+    return [torch.randn(*shape, nheads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for dim in (d, d, dv)]
+
+
+def fixed_case(name, batch, seqlen, nheads, d=128, dv=128, **kw) -> dict:
+    pairs = batch * visible_pairs(seqlen, seqlen, kw.get("causal", False), kw.get("window_size", (-1, -1)))
+    rec = measure(lambda q, k, v: flash_attn_func(q, k, v, **kw), _qkv(batch, seqlen, nheads, d, dv), pairs,
+                  nheads, d, dv)
+    print(f"{name:<28} fwd {rec['fwd_tflops']:6.1f} TF/s {rec['fwd_ms']:9.3f} ms | fwd+bwd "
+          f"{rec['fwd_bwd_tflops']:6.1f} TF/s {rec['fwd_bwd_ms']:9.3f} ms", flush=True)
+    return {"case": name, "batch": batch, "seqlen": seqlen, "nheads": nheads, "d": d, "dv": dv,
+            "features": {k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items() if k != "alibi_slopes"}
+            | ({"alibi": True} if "alibi_slopes" in kw else {}), **rec}
+
+
+def varlen_case(name, lengths, nheads=8, d=128) -> dict:
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = _qkv(1, sum(lengths), nheads, d, d, packed=True)
+    pairs = sum(n * n for n in lengths)
+    rec = measure(lambda a, b, c: flash_attn_varlen_func(a, b, c, cu, cu, max(lengths), max(lengths)), [q, k, v],
+                  pairs, nheads, d, d)
+    print(f"{name:<28} fwd {rec['fwd_tflops']:6.1f} TF/s | fwd+bwd {rec['fwd_bwd_tflops']:6.1f} TF/s", flush=True)
+    return {"case": name, "lengths": lengths, "nheads": nheads, "d": d, **rec}
+
+
+def mixed_lengths(total: int, seed: int = 0) -> list[int]:
+    """Lengths drawn log-uniformly from 1k to 32k that add up to exactly `total`."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < total:
+        n = int(2 ** (10 + 5 * torch.rand(1, generator=gen).item()))
+        lengths.append(min(n, total - sum(lengths)))
+    return lengths
+
+
+def run(cases: list[str]) -> list[dict]:
+    results = []
+    if "window" in cases:
+        for n in (16384, 65536, 262144):
+            results.append(fixed_case(f"window+-2048 N={n}", 1, n, 8, window_size=(2048, 2048)))
+    if "varlen" in cases:
+        results.append(varlen_case("varlen 4x16k", [16384] * 4))
+        results.append(varlen_case("varlen mixed 1k-32k", mixed_lengths(65536)))
+    if "dv" in cases:
+        for d, dv in ((64, 192), (128, 192), (192, 128), (128, 128)):
+            results.append(fixed_case(f"d={d} dv={dv}", 1, 16384, 8, d=d, dv=dv))
+    if "alibi" in cases or "softcap" in cases:
+        results.append(fixed_case("plain H16 N16k", 1, 16384, 16))
+    if "alibi" in cases:
+        slopes = torch.tensor([2 ** (-8 * (h + 1) / 16) for h in range(16)], device="cuda")
+        results.append(fixed_case("alibi H16 N16k", 1, 16384, 16, alibi_slopes=slopes))
+        results.append(fixed_case("alibi causal H16 N16k", 1, 16384, 16, alibi_slopes=slopes, causal=True))
+        results.append(fixed_case("plain causal H16 N16k", 1, 16384, 16, causal=True))
+    if "softcap" in cases:
+        results.append(fixed_case("softcap30 H16 N16k", 1, 16384, 16, softcap=30.0))
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="genoflash bench features", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="window,varlen,dv,alibi,softcap")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("genoflash bench features needs a CUDA GPU", flush=True)
+        return 2
+    import triton
+    results = run([c.strip() for c in args.cases.split(",")])
+    commit = os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    report = {"metadata": {"device": torch.cuda.get_device_name(), "date": now.isoformat(timespec="seconds"),
+                           "git_commit": commit, "torch": torch.__version__, "triton": triton.__version__,
+                           "cuda": torch.version.cuda, "dtype": "bf16",
+                           "method": "do_bench median (warmup 25 ms, rep 200 ms); useful FLOPs only"},
+              "results": results}
+    slug = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{slug}-{now:%Y-%m-%d}-features.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}", flush=True)
+    return 0

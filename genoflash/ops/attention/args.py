@@ -1,0 +1,35 @@
+"""The non-tensor arguments of an attention call, validated and normalised once.
+
+Kept free of triton so the `torch` and `reference` backends work where triton is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionArgs:
+    """Everything about a call that is not a tensor of the attention itself, normalised once.
+
+    cu_seqlens_q/k are None for fixed-length batches; window bounds of -1 mean unbounded,
+    and causal is folded in as window_right = 0."""
+    softmax_scale: float
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens_q is not None
+
+    @property
+    def causal_only(self) -> bool:
+        return self.window_right == 0 and self.window_left < 0

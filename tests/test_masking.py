@@ -1,0 +1,226 @@
+"""Fused masks and biases: varlen, sliding window, GQA/MQA, ALiBi, softcap and a value head dim
+that differs from the key head dim; forward and all gradients against a float64 reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import genoflash
+from genoflash.ops.attention.configs import BackwardConfig, TileConfig, override_configs
+from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
+
+from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
+from .conftest import HAS_CUDA
+
+BACKENDS = ["triton", "torch"]
+DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
+
+pytestmark = pytest.mark.usefixtures("poison_allocations")
+
+
+def make(shape, dtype, device, requires_grad=True):
+    return torch.randn(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
+
+
+def check_fixed(backend, device, batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dv, dtype=DTYPE, **features):
+    """flash_attn_func with `features` vs attention_reference with the same features, under the rule."""
+    q = make((batch, seqlen_q, nheads, d), dtype, device)
+    k = make((batch, seqlen_k, nheads_k, d), dtype, device)
+    v = make((batch, seqlen_k, nheads_k, dv), dtype, device)
+    dout = torch.randn(batch, seqlen_q, nheads, dv, dtype=dtype, device=device)
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features), q, k, v, dout)
+    truth, same = reference_pair(q, k, v, dout, fn=lambda a, b, c: attention_reference(a, b, c, **features)[0])
+    assert_within_rule(got, truth, same)
+
+
+def cu(lengths, device):
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def check_varlen(backend, device, lens_q, lens_k, nheads, nheads_k, d, dv, dtype=DTYPE, **features):
+    cu_q, cu_k = cu(lens_q, device), cu(lens_k, device)
+    q = make((sum(lens_q), nheads, d), dtype, device)
+    k = make((sum(lens_k), nheads_k, d), dtype, device)
+    v = make((sum(lens_k), nheads_k, dv), dtype, device)
+    dout = torch.randn(sum(lens_q), nheads, dv, dtype=dtype, device=device)
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(
+            lambda a, b, c: genoflash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                             **features), q, k, v, dout)
+    truth, same = reference_pair(
+        q, k, v, dout, fn=lambda a, b, c: attention_reference_varlen(a, b, c, cu_q, cu_k, **features)[0])
+    assert_within_rule(got, truth, same)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lens_q,lens_k", [([1, 17, 300, 5], [1, 17, 300, 5]), ([1, 17, 300, 5], [40, 3, 129, 5])],
+                         ids=["same-lengths", "other-k-lengths"])
+def test_varlen(backend, lens_q, lens_k, causal, device):
+    torch.manual_seed(10)
+    check_varlen(backend, device, lens_q, lens_k, 4, 2, 32, 32, causal=causal)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_varlen_sequences_do_not_see_each_other(backend, device):
+    """Changing one sequence's keys must leave every other sequence's output bit-for-bit unchanged."""
+    torch.manual_seed(11)
+    lens = [7, 33, 64, 1]
+    cu_s = cu(lens, device)
+    q, k, v = (torch.randn(sum(lens), 2, 16, device=device, dtype=DTYPE) for _ in range(3))
+    with genoflash.use_backend(backend):
+        before = genoflash.flash_attn_varlen_func(q, k, v, cu_s, cu_s, 64, 64)
+        k2 = k.clone()
+        k2[7:40] += 1.0  # the second sequence only
+        after = genoflash.flash_attn_varlen_func(q, k2, v, cu_s, cu_s, 64, 64)
+    others = torch.ones(sum(lens), dtype=torch.bool, device=device)
+    others[7:40] = False
+    assert torch.equal(before[others], after[others])
+    assert not torch.equal(before[~others], after[~others])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "window,causal",
+    [((3, 0), False), ((5, 2), False), ((0, 0), False), ((7, -1), False), ((-1, 4), False), ((10, 10), True),
+     ((500, 500), False), ((500, 500), True)],
+    ids=["left3-right0", "5-2", "diagonal-only", "left-only", "right-only", "causal+left10", "wider-than-seq",
+         "wider-causal"],
+)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(129, 129), (70, 150), (150, 70)])
+def test_sliding_window(backend, window, causal, seqlen_q, seqlen_k, device):
+    torch.manual_seed(12)
+    check_fixed(backend, device, 1, seqlen_q, seqlen_k, 2, 2, 32, 32, window_size=window, causal=causal)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("nheads,nheads_k", [(8, 1), (4, 2)], ids=["mqa-8:1", "gqa-4:2"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa(backend, nheads, nheads_k, causal, device):
+    torch.manual_seed(13)
+    check_fixed(backend, device, 2, 77, 91, nheads, nheads_k, 32, 32, causal=causal)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("per_batch", [False, True], ids=["slopes-H", "slopes-BH"])
+def test_alibi_with_causal(backend, per_batch, device):
+    torch.manual_seed(14)
+    slopes = torch.rand((2, 4) if per_batch else (4,), device=device) * 0.5
+    check_fixed(backend, device, 2, 97, 130, 4, 4, 32, 32, causal=True, alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("window", [(-1, -1), (9, 9)], ids=["no-window", "window9"])
+def test_softcap(backend, window, device):
+    torch.manual_seed(15)
+    check_fixed(backend, device, 1, 100, 100, 2, 2, 32, 32, softcap=2.0, window_size=window)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("d,dv", [(16, 24), (64, 192), (128, 192), (192, 128)])
+def test_value_head_dim(backend, d, dv, device):
+    torch.manual_seed(16)
+    check_fixed(backend, device, 1, 65, 80, 2, 1, d, dv, causal=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_everything_together(backend, device):
+    """Varlen + GQA + window + ALiBi + softcap + Dv != D in one call."""
+    torch.manual_seed(17)
+    slopes = torch.rand(4, 4, device=device) * 0.3
+    check_varlen(backend, device, [1, 17, 130, 5], [9, 17, 100, 2], 4, 2, 16, 24, causal=True,
+                 window_size=(20, -1), softcap=3.0, alibi_slopes=slopes)
+
+
+def test_uneven_tilings_with_window(device):
+    """Window bounds with BLOCK_M != BLOCK_N, lengths mid-tile, in all three kernels."""
+    with override_configs(TileConfig(16, 32), BackwardConfig(TileConfig(32, 16), TileConfig(16, 32), 16)):
+        torch.manual_seed(18)
+        check_fixed("triton", device, 1, 75, 61, 2, 2, 16, 16, dtype=torch.float32, window_size=(13, 6))
+        check_fixed("triton", device, 1, 61, 75, 2, 2, 16, 16, dtype=torch.float32, window_size=(2, 20))
+
+
+def test_reference_backend_has_every_feature(device):
+    torch.manual_seed(19)
+    lens = [3, 40, 9]
+    cu_s = cu(lens, device)
+    q, k, v = (torch.randn(sum(lens), 2, 16, device=device) for _ in range(3))
+    kw = dict(causal=True, window_size=(5, -1), softcap=1.5, alibi_slopes=torch.rand(2, device=device))
+    with genoflash.use_backend("reference"):
+        out, lse = genoflash.flash_attn_varlen_func(q, k, v, cu_s, cu_s, 40, 40, return_lse=True, **kw)
+    ref_out, ref_lse = attention_reference_varlen(q, k, v, cu_s, cu_s, **kw)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    with genoflash.use_backend("torch"):
+        out_t, lse_t = genoflash.flash_attn_varlen_func(q, k, v, cu_s, cu_s, 40, 40, return_lse=True, **kw)
+    assert lse_t.shape == (2, sum(lens))
+    torch.testing.assert_close(out_t, ref_out, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse_t, ref_lse, atol=2e-5, rtol=2e-5)
+
+
+def test_pad_unpad_roundtrip_matches_padded_attention(device):
+    """A padded batch with a key-padding mask, through unpad -> varlen attention -> pad, equals
+    attention on each sequence alone; gradients flow through both helpers."""
+    torch.manual_seed(20)
+    batch, seqlen, h, d = 3, 50, 2, 16
+    lengths = [50, 13, 1]
+    mask = torch.arange(seqlen, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+    x = torch.randn(batch, seqlen, h, d, device=device, requires_grad=True)
+    packed, indices, cu_s, max_len, seqlens = genoflash.unpad_input(x, mask)
+    assert cu_s.tolist() == [0, 50, 63, 64] and max_len == 50 and seqlens.tolist() == lengths
+    with genoflash.use_backend("torch"):
+        out = genoflash.pad_input(genoflash.flash_attn_varlen_func(packed, packed, packed, cu_s, cu_s, max_len,
+                                                                   max_len, causal=True), indices, batch, seqlen)
+        for b, n in enumerate(lengths):
+            alone = genoflash.flash_attn_func(x[b:b + 1, :n], x[b:b + 1, :n], x[b:b + 1, :n], causal=True)
+            torch.testing.assert_close(out[b:b + 1, :n], alone)
+    assert (out[~mask] == 0).all()
+    out.sum().backward()
+    assert (x.grad[~mask] == 0).all() and x.grad[mask].abs().sum() > 0
+
+
+# ---------------------------------------------------------------- bad input
+
+def varlen_call(**overrides):
+    lens = [3, 5]
+    args = dict(q=torch.randn(8, 2, 16), k=torch.randn(8, 2, 16), v=torch.randn(8, 2, 16),
+                cu_seqlens_q=cu(lens, "cpu"), cu_seqlens_k=cu(lens, "cpu"), max_seqlen_q=5, max_seqlen_k=5)
+    args.update(overrides)
+    with genoflash.use_backend("torch"):
+        return genoflash.flash_attn_varlen_func(**args)
+
+
+@pytest.mark.parametrize(
+    "overrides,error,match",
+    [
+        (dict(cu_seqlens_q=torch.tensor([0, 5, 3, 8], dtype=torch.int32)), ValueError, "never decrease"),
+        (dict(cu_seqlens_q=torch.tensor([1, 3, 8], dtype=torch.int32)), ValueError, "start at 0"),
+        (dict(cu_seqlens_q=torch.tensor([0, 3, 8])), TypeError, "int32"),
+        (dict(cu_seqlens_k=torch.tensor([0, 3, 7], dtype=torch.int32)), ValueError, "holds 8 tokens"),
+        (dict(cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32), max_seqlen_k=8), ValueError,
+         "describes 2 sequences"),
+        (dict(max_seqlen_q=4), ValueError, r"max_seqlen \(4\) is smaller"),
+        (dict(q=torch.randn(1, 8, 2, 16)), ValueError, "q must have rank 3"),
+        (dict(window_size=(-2, 0)), ValueError, "window_size left must be >= -1"),
+        (dict(window_size=(3,)), ValueError, "window_size must be a pair"),
+        (dict(softcap=-1.0), ValueError, "softcap must be finite and >= 0"),
+        (dict(alibi_slopes=torch.rand(3)), ValueError, r"alibi_slopes must have shape \(2,\) or \(2, 2\)"),
+        (dict(alibi_slopes=torch.rand(2, dtype=torch.float64)), TypeError, "alibi_slopes must be a float32"),
+        (dict(k=torch.randn(8, 3, 16), v=torch.randn(8, 3, 16)), ValueError, "divisible"),
+    ],
+    ids=["cu-decreasing", "cu-not-from-0", "cu-not-int32", "cu-total", "cu-batch", "max-seqlen-too-small",
+         "rank", "window-below-minus-1", "window-not-pair", "softcap-negative", "alibi-shape", "alibi-dtype",
+         "gqa-not-divisible"],
+)
+def test_bad_varlen_and_feature_input(overrides, error, match):
+    with pytest.raises(error, match=match):
+        varlen_call(**overrides)
+
+
+def test_window_below_minus_one_in_fixed_api():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="window_size right must be >= -1"):
+        genoflash.flash_attn_func(q, q, q, window_size=(4, -3))
