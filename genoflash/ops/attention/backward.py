@@ -276,7 +276,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     kv_group = nheads // nheads_k
-    cfg = backward_config(max(head_dim, head_dim_v), a.causal_only, q.dtype, q.device)
+    cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device)
     block_d, block_dv = head_block(head_dim), head_block(head_dim_v)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)

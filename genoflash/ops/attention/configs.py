@@ -39,7 +39,8 @@ _INTERPRETER_BWD = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64)
 _override: dict[str, object] = {}
 
 
-def _gpu_forward(head_dim: int, causal: bool, dtype: torch.dtype) -> TileConfig:
+def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype) -> TileConfig:
+    head_dim = max(head_dim, head_dim_v)
     if dtype == torch.float32:
         # fp32 (exact "ieee" dots) is for tests and CPU-sized work; small tiles keep the
         # register footprint, and so the compile time, reasonable at large head dims.
@@ -54,7 +55,8 @@ def _gpu_forward(head_dim: int, causal: bool, dtype: torch.dtype) -> TileConfig:
     return TileConfig(64, 64, num_warps=4, num_stages=3)
 
 
-def _gpu_backward(head_dim: int, causal: bool, dtype: torch.dtype) -> BackwardConfig:
+def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype) -> BackwardConfig:
+    head_dim = max(head_dim, head_dim_v)
     if dtype == torch.float32:
         if head_dim <= 64:
             return BackwardConfig(TileConfig(32, 64), TileConfig(64, 32))
@@ -67,20 +69,22 @@ def _gpu_backward(head_dim: int, causal: bool, dtype: torch.dtype) -> BackwardCo
     return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3))
 
 
-def forward_config(head_dim: int, causal: bool, dtype: torch.dtype, device: torch.device) -> TileConfig:
+def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
+                   device: torch.device) -> TileConfig:
     if "forward" in _override:
         return _override["forward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_FWD
-    return _gpu_forward(head_dim, causal, dtype)
+    return _gpu_forward(head_dim, head_dim_v, causal, dtype)
 
 
-def backward_config(head_dim: int, causal: bool, dtype: torch.dtype, device: torch.device) -> BackwardConfig:
+def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
+                    device: torch.device) -> BackwardConfig:
     if "backward" in _override:
         return _override["backward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_BWD
-    return _gpu_backward(head_dim, causal, dtype)
+    return _gpu_backward(head_dim, head_dim_v, causal, dtype)
 
 
 @contextlib.contextmanager

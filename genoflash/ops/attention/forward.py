@@ -195,7 +195,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
     lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, q.shape[0], a.varlen, q.device)
-    cfg = forward_config(max(head_dim, head_dim_v), a.causal_only, q.dtype, q.device)
+    cfg = forward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device)
     num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
