@@ -40,32 +40,39 @@ _override: dict[str, object] = {}
 
 
 def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype) -> TileConfig:
-    head_dim = max(head_dim, head_dim_v)
+    widest = max(head_dim, head_dim_v)
     if dtype == torch.float32:
         # fp32 (exact "ieee" dots) is for tests and CPU-sized work; small tiles keep the
         # register footprint, and so the compile time, reasonable at large head dims.
-        return TileConfig(64, 32) if head_dim <= 64 else TileConfig(32, 32)
-    # bf16/fp16, measured on the H200 (benchmarks/results/tune-h200-2026-11-29.json):
+        return TileConfig(64, 32) if widest <= 64 else TileConfig(32, 32)
+    # bf16/fp16, measured on the H200 (benchmarks/results/tune-*h200-2026-11-29.json):
     # hd64 128x64 w8 s3 409 TF/s; hd128 128x128 w8 s3 455 (non-causal) / 445 (causal);
+    # (64, 192), (128, 192), (192, 128): 128x64 w8 s3 (128x128 does not fit in shared memory);
     # hd256 64x64 w4 s3 296.
-    if head_dim <= 64:
+    if widest <= 64:
         return TileConfig(128, 64, num_warps=8, num_stages=3)
-    if head_dim <= 128:
+    if widest <= 128:
         return TileConfig(128, 128, num_warps=8, num_stages=3)
+    if head_dim + head_dim_v <= 320:
+        return TileConfig(128, 64, num_warps=8, num_stages=3)
     return TileConfig(64, 64, num_warps=4, num_stages=3)
 
 
 def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype) -> BackwardConfig:
-    head_dim = max(head_dim, head_dim_v)
+    widest = max(head_dim, head_dim_v)
     if dtype == torch.float32:
-        if head_dim <= 64:
+        if widest <= 64:
             return BackwardConfig(TileConfig(32, 64), TileConfig(64, 32))
         return BackwardConfig(TileConfig(16, 32), TileConfig(32, 16))
-    # Measured on the H200 as the forward (whole backward, one pass varied at a time).
-    if head_dim <= 64:
+    # Measured on the H200 as the forward: dK/dV chosen first, then dQ with the best dK/dV.
+    if widest <= 64:
         return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3))
-    if head_dim <= 128:
+    if widest <= 128:
         return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3))
+    if head_dim + head_dim_v <= 256:  # (64, 192): whole backward 9.3 ms at B1 H8 N16k
+        return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3))
+    if head_dim + head_dim_v <= 320:  # (128, 192), (192, 128): 13.9 / 14.1 ms
+        return BackwardConfig(TileConfig(32, 128, 8, 2), TileConfig(128, 32, 8, 3))
     return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3))
 
 
