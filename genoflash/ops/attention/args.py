@@ -15,7 +15,7 @@ class AttentionArgs:
     """Everything about a call that is not a tensor of the attention itself, normalised once.
 
     cu_seqlens_q/k are None for fixed-length batches; window bounds of -1 mean unbounded,
-    and causal is folded in as window_right = 0."""
+    and causal is folded in as window_right = 0. rotary_cos/sin are None without RoPE."""
     softmax_scale: float
     window_left: int = -1
     window_right: int = -1
@@ -25,6 +25,17 @@ class AttentionArgs:
     cu_seqlens_k: torch.Tensor | None = None
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
+    rotary_cos: torch.Tensor | None = None  # (seqlen_ro, rotary_dim / 2), contiguous
+    rotary_sin: torch.Tensor | None = None
+    rotary_interleaved: bool = False
+
+    @property
+    def rotary_dim(self) -> int:
+        return 0 if self.rotary_cos is None else 2 * self.rotary_cos.shape[1]
+
+    @property
+    def rotary_stride(self) -> int:
+        return 0 if self.rotary_cos is None else self.rotary_cos.stride(0)
 
     @property
     def varlen(self) -> bool:

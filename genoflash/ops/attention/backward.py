@@ -26,6 +26,7 @@ from .configs import backward_config
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, seq_strides
 from .mask import _mask_scores
+from .rotary import _apply_rotary
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
@@ -61,12 +62,12 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit
 def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                          start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
-                         softcap_in, softcap_out, slope_raw,
+                         softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                          BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                         HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, MASKED: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr):
+                         HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                         ROTARY_INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulate one key tile's dK (unscaled) and dV over query rows [lo, hi) of one head.
 
     Works in the transposed frame (keys down, queries across) so that dK and dV come out
@@ -84,6 +85,9 @@ def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
         do = _load_tile(_row_ptr(do_base, start_m, stride_dom), offs_m, seqlen_q - start_m, stride_dom,
                         offs_dv, HEAD_DIM_V, BLOCK_DV, True)
         in_rows = offs_m < seqlen_q - start_m
+        if ROTARY_DIM > 0:
+            q = _apply_rotary(q, start_m + offs_m + (seqlen_k - seqlen_q), in_rows, COS, SIN, stride_rot, offs_d,
+                              ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
         lse2 = _lse_for_recompute(tl.load(_row_ptr(lse_base, start_m, 1) + offs_m, mask=in_rows,
                                           other=float("-inf")))
         delta = tl.load(_row_ptr(delta_base, start_m, 1) + offs_m, mask=in_rows, other=0.0)
@@ -106,20 +110,21 @@ def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES,
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
-    stride_lse_b, stride_lse_h, stride_alibi_b,
+    stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    FAST_TANH: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -133,6 +138,10 @@ def _attn_bwd_dkdv_kernel(
     # K and V tiles stay on chip; dK and dV accumulate in registers over all query tiles.
     k = _load_tile(_row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn),
                    offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, True)
+    in_keys = offs_n < seqlen_k - start_n
+    if ROTARY_DIM > 0:
+        k = _apply_rotary(k, start_n + offs_n, in_keys, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
+                          ROTARY_INTERLEAVED, False).to(k.dtype)
     v = _load_tile(_row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start + start_n, stride_vn),
                    offs_n, seqlen_k - start_n, stride_vn, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -154,20 +163,26 @@ def _attn_bwd_dkdv_kernel(
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
         dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D,
-                                      HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                      HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
+                                      HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      True, INPUT_PRECISION)
         dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D,
-                                      HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                      HAS_ALIBI, FAST_TANH, False, INPUT_PRECISION)
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
+                                      HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      False, INPUT_PRECISION)
         dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D,
-                                      HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                      HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
+                                      HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      True, INPUT_PRECISION)
 
+    if ROTARY_DIM > 0:  # dk is w.r.t. the rotated keys; the transposed rotation maps it back
+        dk = _apply_rotary(dk, start_n + offs_n, in_keys, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
+                           ROTARY_INTERLEAVED, True)
     _store_tile(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
                 dk * softmax_scale, offs_n, seqlen_k - start_n, stride_dkn, offs_d, HEAD_DIM, BLOCK_D)
     _store_tile(_row_ptr(_head_base(DV, off_b, off_hk, stride_dvb, stride_dvh), k_start + start_n, stride_dvn),
@@ -177,12 +192,12 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit
 def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
                        seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                       slope_raw,
+                       slope_raw, COS, SIN, stride_rot,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                        BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                       HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, MASKED: tl.constexpr,
-                       INPUT_PRECISION: tl.constexpr):
+                       HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                       ROTARY_INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulate one query tile's dQ (unscaled) over key tiles [lo, hi)."""
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
@@ -194,6 +209,9 @@ def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride
                        offs_d, HEAD_DIM, BLOCK_D, MASKED)
         v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
                        offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        if ROTARY_DIM > 0:
+            k = _apply_rotary(k, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot, offs_d,
+                              ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, tanh_s = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -212,19 +230,20 @@ def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride
 
 @triton.jit
 def _attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
-    stride_lse_b, stride_lse_h, stride_alibi_b,
+    stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    FAST_TANH: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
+    FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
 ):
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
     q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
@@ -242,6 +261,10 @@ def _attn_bwd_dq_kernel(
     do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
                     seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     in_rows = offs_m < seqlen_q - start_m
+    q_positions = start_m + offs_m + (seqlen_k - seqlen_q)
+    if ROTARY_DIM > 0:
+        q = _apply_rotary(q, q_positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED,
+                          False).to(q.dtype)
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     lse2 = _lse_for_recompute(tl.load(lse_ptr + offs_m, mask=in_rows, other=float("-inf")))
@@ -257,16 +280,22 @@ def _attn_bwd_dq_kernel(
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                            slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
-                            HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
+                            slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                            ROTARY_INTERLEAVED, True, INPUT_PRECISION)
     dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                            slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
-                            HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, False, INPUT_PRECISION)
+                            slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                            ROTARY_INTERLEAVED, False, INPUT_PRECISION)
     dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                            slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
-                            HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True, INPUT_PRECISION)
+                            slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                            ROTARY_INTERLEAVED, True, INPUT_PRECISION)
+    if ROTARY_DIM > 0:  # dq is w.r.t. the rotated queries; the transposed rotation maps it back
+        dq = _apply_rotary(dq, q_positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED,
+                           True)
     _store_tile(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
                 dq * softmax_scale, offs_m, seqlen_q - start_m, stride_dqm, offs_d, HEAD_DIM, BLOCK_D)
 
@@ -297,10 +326,10 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
 
     num_n_blocks = triton.cdiv(seqlen_k, cfg.dkdv.block_n)
     _attn_bwd_dkdv_kernel[(num_n_blocks * batch * nheads_k,)](
-        q, k, v, dout, lse, delta, dk, dv, a.cu_seqlens_q, a.cu_seqlens_k, alibi,
+        q, k, v, dout, lse, delta, dk, dv, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
-        stride_lse_b, stride_lse_h, stride_alibi_b,
+        stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
         BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **shared,
         num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages,
@@ -308,9 +337,10 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
 
     num_m_blocks = triton.cdiv(seqlen_q, cfg.dq.block_m)
     _attn_bwd_dq_kernel[(num_m_blocks * batch * nheads,)](
-        q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi,
+        q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
+        a.rotary_stride,
         nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
         BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only, **shared,
         num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages,

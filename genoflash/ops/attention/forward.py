@@ -18,6 +18,7 @@ from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
 from .mask import _mask_scores
+from .rotary import _apply_rotary
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
@@ -28,12 +29,12 @@ from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 @triton.jit
 def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                    slope_raw,
+                    slope_raw, COS, SIN, stride_rot,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                    HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, MASKED: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr):
+                    HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                    ROTARY_INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Stream key tiles [lo, hi) into the running state of one query tile.
 
     Invariant after each tile: acc is un-normalised (acc / l_i is the output over the keys
@@ -48,6 +49,9 @@ def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, star
         # Only masked tiles can hold the seqlen_k tail, so only they check rows.
         k = _load_tile(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
                        offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        if ROTARY_DIM > 0:  # key j sits at position j
+            k = _apply_rotary(k, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot, offs_d,
+                              ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -64,18 +68,19 @@ def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, star
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES,
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
-    stride_lse_b, stride_lse_h, stride_alibi_b,
+    stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    FAST_TANH: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
+    FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
 ):
     # HEAVY_LAST (causal): query tiles late in the sequence see the most keys; launch them first.
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
@@ -91,6 +96,9 @@ def _attn_fwd_kernel(
     # The Q tile is loaded once and stays on chip for the whole key loop.
     q = _load_tile(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm),
                    offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
+    if ROTARY_DIM > 0:  # query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment)
+        q = _apply_rotary(q, start_m + offs_m + (seqlen_k - seqlen_q), offs_m < seqlen_q - start_m, COS, SIN,
+                          stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
     k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
     v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
     slope_raw = 0.0
@@ -106,21 +114,21 @@ def _attn_fwd_kernel(
     # Left edge of a sliding window: masked.
     acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
-                                    softcap_out, slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
-                                    BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True,
-                                    INPUT_PRECISION)
+                                    softcap_out, slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
+                                    BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, True, INPUT_PRECISION)
     # Whole tiles where every score is visible: no mask work.
     acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo,
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
-                                    softcap_in, softcap_out, slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV,
-                                    BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH,
-                                    False, INPUT_PRECISION)
+                                    softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D,
+                                    HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                    HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, False, INPUT_PRECISION)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
     acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
-                                    softcap_out, slope_raw, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
-                                    BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, True,
-                                    INPUT_PRECISION)
+                                    softcap_out, slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
+                                    BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, True, INPUT_PRECISION)
 
     out, lse = _finalize_softmax(acc, m_i, l_i)
     _store_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), q_start + start_m, stride_om), out,
@@ -165,6 +173,7 @@ def feature_args(q: torch.Tensor, a: AttentionArgs) -> tuple[list, dict]:
         IS_VARLEN=a.varlen, HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0,
         HAS_SOFTCAP=a.softcap > 0, HAS_ALIBI=alibi is not None,
         FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(),
+        ROTARY_DIM=a.rotary_dim, ROTARY_INTERLEAVED=a.rotary_interleaved,
         INPUT_PRECISION=input_precision(q.dtype),
     )
     return scalars, constexprs
@@ -200,9 +209,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
     _attn_fwd_kernel[(num_m_blocks * batch * nheads,)](
-        q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi,
+        q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
-        *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
+        *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads, nheads // nheads_k, seqlen_q, seqlen_k, num_m_blocks, *scalars,
         HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, **constexprs,

@@ -11,6 +11,7 @@ import math
 import torch
 
 from ...backends import select_backend, triton_interpreted
+from ...rotary import apply_rotary
 from . import chunked, reference
 from .args import AttentionArgs
 
@@ -126,6 +127,33 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, devic
     return lengths
 
 
+def _check_rotary(cos, sin, interleaved, headdim: int, lengths_q: list[int], lengths_k: list[int], device):
+    """Returns contiguous (cos, sin) or (None, None). Query i sits at position i + seqlen_k - seqlen_q,
+    so every position lies in [0, seqlen_k)."""
+    if cos is None and sin is None:
+        return None, None
+    if cos is None or sin is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 2:
+            raise TypeError(f"{name} must be a 2-D floating-point tensor (seqlen, rotary_dim / 2)")
+        if t.device != device:
+            raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary_cos {tuple(cos.shape)} and rotary_sin {tuple(sin.shape)} differ in shape")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"rotary_interleaved must be a bool, got {type(interleaved).__name__}")
+    rotary_dim = 2 * cos.shape[1]
+    if not 0 < rotary_dim <= headdim:
+        raise ValueError(f"rotary_dim (2 x {cos.shape[1]} = {rotary_dim}) must be in [2, headdim = {headdim}]")
+    if cos.shape[0] < max(lengths_k):
+        raise ValueError(f"rotary tables cover {cos.shape[0]} positions but seqlen_k is {max(lengths_k)}")
+    if any(nq > nk for nq, nk in zip(lengths_q, lengths_k)):
+        raise ValueError("rotary embeddings need seqlen_q <= seqlen_k: query i sits at position "
+                         "i + seqlen_k - seqlen_q, which would be negative")
+    return cos.contiguous(), sin.contiguous()
+
+
 def _check_triton_device(q: torch.Tensor) -> None:
     if q.dtype not in _TRITON_DTYPES:
         raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {q.dtype}")
@@ -149,10 +177,31 @@ def _torch_kwargs(a: AttentionArgs) -> dict:
                 alibi_slopes=a.alibi_slopes)
 
 
+def _varlen_sequences(a: AttentionArgs):
+    """(q rows, k rows, seqlen_q, seqlen_k) of each packed sequence."""
+    cu_q, cu_k = a.cu_seqlens_q.tolist(), a.cu_seqlens_k.tolist()
+    return [(slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1]), cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b])
+            for b in range(len(cu_q) - 1)]
+
+
+def _rotate_qk(q, k, a: AttentionArgs, inverse: bool = False):
+    """RoPE for the torch and reference backends (the kernels rotate on chip instead). With
+    inverse=True, maps gradients w.r.t. rotated q and k back to q and k. Differentiable."""
+    if not a.rotary_dim:
+        return q, k
+    rotate = lambda x, offset: apply_rotary(x, a.rotary_cos, a.rotary_sin, a.rotary_interleaved,  # noqa: E731
+                                            offset, inverse)
+    if not a.varlen:
+        return rotate(q, k.shape[1] - q.shape[1]), rotate(k, 0)
+    parts = [(rotate(q[sq][None], nk - nq)[0], rotate(k[sk][None], 0)[0]) for sq, sk, nq, nk in _varlen_sequences(a)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
 def _forward(q, k, v, a: AttentionArgs, backend: str):
     if backend == "triton":
         from .forward import attention_forward  # triton is only needed for this backend
         return attention_forward(q, k, v, a)
+    q, k = _rotate_qk(q, k, a)
     if a.varlen:
         return chunked.attention_chunked_varlen_forward(q, k, v, a.cu_seqlens_q, a.cu_seqlens_k,
                                                         a.softmax_scale, **_torch_kwargs(a))
@@ -163,10 +212,14 @@ def _backward(dout, q, k, v, out, lse, a: AttentionArgs, backend: str):
     if backend == "triton":
         from .backward import attention_backward
         return attention_backward(dout, q, k, v, out, lse, a)
+    q, k = _rotate_qk(q, k, a)
     if a.varlen:
-        return chunked.attention_chunked_varlen_backward(dout, q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k,
-                                                         a.softmax_scale, **_torch_kwargs(a))
-    return chunked.attention_chunked_backward(dout, q, k, v, out, lse, a.softmax_scale, **_torch_kwargs(a))
+        dq, dk, dv = chunked.attention_chunked_varlen_backward(dout, q, k, v, out, lse, a.cu_seqlens_q,
+                                                               a.cu_seqlens_k, a.softmax_scale, **_torch_kwargs(a))
+    else:
+        dq, dk, dv = chunked.attention_chunked_backward(dout, q, k, v, out, lse, a.softmax_scale, **_torch_kwargs(a))
+    dq, dk = _rotate_qk(dq, dk, a, inverse=True)
+    return dq, dk, dv
 
 
 class FlashAttnFunc(torch.autograd.Function):
@@ -189,6 +242,7 @@ class FlashAttnFunc(torch.autograd.Function):
 def _run(q, k, v, args: AttentionArgs, return_lse: bool):
     backend = select_backend(q.device)
     if backend == "reference":
+        q, k = _rotate_qk(q, k, args)
         kw = _torch_kwargs(args)
         if args.varlen:
             out, lse = reference.attention_reference_varlen(q, k, v, args.cu_seqlens_q, args.cu_seqlens_k,
@@ -213,6 +267,9 @@ def flash_attn_func(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    rotary_interleaved: bool = False,
     return_lse: bool = False,
     deterministic: bool = True,
 ):
@@ -229,6 +286,10 @@ def flash_attn_func(
             i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right; -1 is unbounded.
         softcap: if > 0, scores become softcap * tanh(scores / softcap) before the softmax.
         alibi_slopes: float32 (nheads,) or (batch, nheads); adds -slope * |i + seqlen_k - seqlen_q - j|.
+        rotary_cos, rotary_sin: RoPE tables (seqlen >= seqlen_k, rotary_dim / 2), e.g. from
+            `genoflash.rotary_tables`; q and k are rotated inside the kernels (key j at position j,
+            query i at i + seqlen_k - seqlen_q), the first rotary_dim channels of each head.
+        rotary_interleaved: GPT-J pairs (2m, 2m+1) instead of NeoX halves (m, m + rotary_dim/2).
         return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
         deterministic: accepted for flash-attn compatibility. Every genoflash backward is
             deterministic (no atomics), so two backward passes are bitwise equal either way.
@@ -238,9 +299,12 @@ def flash_attn_func(
     """
     _check_qkv(q, k, v, varlen=False)
     left, right = _check_window(window_size, causal)
+    cos, sin = _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q.shape[-1], [q.shape[1]], [k.shape[1]],
+                             q.device)
     args = AttentionArgs(
         softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
-        softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device))
+        softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device),
+        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved)
     return _run(q, k, v, args, return_lse)
 
 
@@ -257,6 +321,9 @@ def flash_attn_varlen_func(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    rotary_interleaved: bool = False,
     return_lse: bool = False,
     deterministic: bool = True,
 ):
@@ -266,7 +333,8 @@ def flash_attn_varlen_func(
     cu_seqlens_q/k: int32 (batch + 1,) prefix sums: sequence b holds rows [cu[b], cu[b+1]).
     max_seqlen_q/k: at least the longest sequence. Masks, positions (causal alignment, ALiBi)
     and the softmax are per sequence: no sequence attends across its neighbour, and padding
-    costs no compute. Other arguments as in `flash_attn_func`; lse is (nheads, total_q).
+    costs no compute. RoPE positions restart at 0 in every sequence. Other arguments as in
+    `flash_attn_func`; lse is (nheads, total_q).
     """
     _check_qkv(q, k, v, varlen=True)
     lengths_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
@@ -274,9 +342,11 @@ def flash_attn_varlen_func(
     if len(lengths_q) != len(lengths_k):
         raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}")
     left, right = _check_window(window_size, causal)
+    cos, sin = _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q.shape[-1], lengths_q, lengths_k, q.device)
     args = AttentionArgs(
         softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
         softcap=_check_softcap(softcap),
         alibi_slopes=_check_alibi(alibi_slopes, len(lengths_q), q.shape[1], q.device),
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved)
     return _run(q, k, v, args, return_lse)

@@ -1,0 +1,5 @@
+"""nn.Modules built on genoflash's ops. Depends on ops only; models build on layers."""
+
+from .attention import MultiHeadAttention, RotaryTables
+
+__all__ = ["MultiHeadAttention", "RotaryTables"]

@@ -1,0 +1,78 @@
+"""Multi-head attention as an nn.Module, with RoPE fused into the kernels and on by default."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.attention import flash_attn_func, flash_attn_varlen_func
+from ..rotary import rotary_tables
+
+
+class RotaryTables(nn.Module):
+    """cos/sin tables computed once per (device, dtype) and grown when a longer sequence comes.
+
+    Tables are built for the next power of two at or above the length asked for, so a
+    training run with varying lengths rebuilds them O(log N) times, not every step."""
+
+    def __init__(self, rotary_dim: int, base: float = 10000.0, interpolation: float = 1.0, ntk_alpha: float = 1.0):
+        super().__init__()
+        self.rotary_dim, self.base, self.interpolation, self.ntk_alpha = rotary_dim, base, interpolation, ntk_alpha
+        self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def forward(self, seqlen: int, device: torch.device, dtype: torch.dtype = torch.float32):
+        key = (torch.device(device), dtype)
+        cached = self._cache.get(key)
+        if cached is None or cached[0].shape[0] < seqlen:
+            length = 1 << max(0, seqlen - 1).bit_length()
+            cached = rotary_tables(length, self.rotary_dim, self.base, self.interpolation, self.ntk_alpha,
+                                   device=device, dtype=dtype)
+            self._cache[key] = cached
+        return cached
+
+
+class MultiHeadAttention(nn.Module):
+    """x (batch, seqlen, dim) -> (batch, seqlen, dim), or packed (total, dim) with cu_seqlens.
+
+    Args:
+        dim: model width. nheads query heads of head_dim (default dim // nheads) channels;
+            nheads_k K/V heads (default nheads; fewer gives GQA/MQA).
+        causal, window_size, softcap: as in `flash_attn_func`.
+        rotary: apply RoPE inside the kernels (default on) to the first rotary_dim channels of
+            each head (default all), with `rotary_base`, `rotary_interpolation` (linear position
+            interpolation) and `rotary_ntk_alpha` (NTK-aware base scaling) for length extrapolation.
+    """
+
+    def __init__(self, dim: int, nheads: int, nheads_k: int | None = None, head_dim: int | None = None,
+                 causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                 rotary: bool = True, rotary_dim: int | None = None, rotary_base: float = 10000.0,
+                 rotary_interpolation: float = 1.0, rotary_ntk_alpha: float = 1.0, rotary_interleaved: bool = False,
+                 bias: bool = False):
+        super().__init__()
+        self.nheads, self.nheads_k = nheads, nheads_k or nheads
+        self.head_dim = head_dim or dim // nheads
+        if self.nheads % self.nheads_k:
+            raise ValueError(f"nheads ({nheads}) must be divisible by nheads_k ({self.nheads_k})")
+        self.causal, self.window_size, self.softcap = causal, window_size, softcap
+        self.rotary_interleaved = rotary_interleaved
+        self.q_proj = nn.Linear(dim, self.nheads * self.head_dim, bias=bias)
+        self.kv_proj = nn.Linear(dim, 2 * self.nheads_k * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(self.nheads * self.head_dim, dim, bias=bias)
+        self.rotary = RotaryTables(rotary_dim or self.head_dim, rotary_base, rotary_interpolation,
+                                   rotary_ntk_alpha) if rotary else None
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.nheads, self.head_dim)
+        k, v = self.kv_proj(x).view(*lead, 2, self.nheads_k, self.head_dim).unbind(-3)
+        kw = dict(causal=self.causal, window_size=self.window_size, softcap=self.softcap)
+        if self.rotary is not None:
+            length = max_seqlen if cu_seqlens is not None else x.shape[1]
+            cos, sin = self.rotary(length, x.device)
+            kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=self.rotary_interleaved)
+        if cu_seqlens is not None:
+            out = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kw)
+        else:
+            out = flash_attn_func(q, k, v, **kw)
+        return self.out_proj(out.reshape(*lead, self.nheads * self.head_dim))

@@ -1,0 +1,178 @@
+"""RoPE fused into the attention kernels, the tables helper and the attention layer."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import genoflash
+from genoflash.layers import MultiHeadAttention
+from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
+from genoflash.rotary import apply_rotary, rotary_tables
+
+from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
+from .conftest import HAS_CUDA
+
+BACKENDS = ["triton", "torch"]
+DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
+
+pytestmark = pytest.mark.usefixtures("poison_allocations")
+
+
+def rope_then_attention(cos, sin, interleaved, **features):
+    """Standard attention on explicitly rotated q and k: what the fused kernels must equal."""
+    def fn(q, k, v):
+        qr = apply_rotary(q, cos, sin, interleaved, k.shape[1] - q.shape[1])
+        kr = apply_rotary(k, cos, sin, interleaved, 0)
+        return attention_reference(qr, kr, v, **features)[0]
+    return fn
+
+
+def check(backend, device, batch, seqlen_q, seqlen_k, nheads, nheads_k, d, rotary_dim, interleaved, **features):
+    cos, sin = rotary_tables(max(seqlen_k, 1) + 3, rotary_dim, device=device)
+    q = torch.randn(batch, seqlen_q, nheads, d, device=device, dtype=DTYPE, requires_grad=True)
+    k = torch.randn(batch, seqlen_k, nheads_k, d, device=device, dtype=DTYPE, requires_grad=True)
+    v = torch.randn(batch, seqlen_k, nheads_k, d, device=device, dtype=DTYPE, requires_grad=True)
+    dout = torch.randn(batch, seqlen_q, nheads, d, device=device, dtype=DTYPE)
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
+            a, b, c, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved, **features), q, k, v, dout)
+    truth, same = reference_pair(q, k, v, dout, fn=rope_then_attention(cos, sin, interleaved, **features))
+    assert_within_rule(got, truth, same)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+@pytest.mark.parametrize("d,rotary_dim", [(64, 64), (64, 32), (40, 24), (96, 8)])
+def test_rotary_layouts_and_partial_dims(backend, interleaved, d, rotary_dim, device):
+    torch.manual_seed(30)
+    check(backend, device, 2, 77, 77, 2, 2, d, rotary_dim, interleaved)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(33, 129), (1, 50), (129, 129)])
+def test_rotary_causal_bottom_right_positions(backend, seqlen_q, seqlen_k, device):
+    """Query i sits at position i + seqlen_k - seqlen_q, as its causal alignment says."""
+    torch.manual_seed(31)
+    check(backend, device, 1, seqlen_q, seqlen_k, 4, 2, 32, 32, False, causal=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotary_with_window_and_alibi(backend, device):
+    torch.manual_seed(32)
+    check(backend, device, 1, 100, 120, 2, 1, 32, 16, True, window_size=(9, 3),
+          alibi_slopes=torch.rand(2, device=device))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotary_positions_restart_in_each_varlen_sequence(backend, device):
+    """A packed batch equals each sequence on its own, each starting at position 0."""
+    torch.manual_seed(33)
+    lens = [1, 17, 90, 5]
+    cu_s = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+    cos, sin = rotary_tables(90, 32, device=device)
+    q, k, v = (torch.randn(sum(lens), 2, 32, device=device, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(sum(lens), 2, 32, device=device, dtype=DTYPE)
+    kw = dict(causal=True, rotary_cos=cos, rotary_sin=sin)
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(a, b, c, cu_s, cu_s, 90, 90, **kw),
+                                q, k, v, dout)
+
+    def per_sequence(a, b, c):
+        outs = []
+        for s, e in zip(cu_s.tolist(), cu_s.tolist()[1:]):
+            outs.append(rope_then_attention(cos, sin, False, causal=True)(a[None, s:e], b[None, s:e], c[None, s:e])[0])
+        return torch.cat(outs)
+
+    truth, same = reference_pair(q, k, v, dout, fn=per_sequence)
+    assert_within_rule(got, truth, same)
+    # The reference backend rotates per sequence too.
+    with genoflash.use_backend("reference"):
+        ref = genoflash.flash_attn_varlen_func(q, k, v, cu_s, cu_s, 90, 90, **kw)
+    ref_alone = attention_reference_varlen(*(per_sequence_rotated(t, cu_s, cos, sin) for t in (q, k)), v, cu_s, cu_s,
+                                           causal=True)[0]
+    torch.testing.assert_close(ref, ref_alone)
+
+
+def per_sequence_rotated(x, cu_s, cos, sin):
+    bounds = cu_s.tolist()
+    return torch.cat([apply_rotary(x[None, s:e], cos, sin)[0] for s, e in zip(bounds, bounds[1:])])
+
+
+# ---------------------------------------------------------------- tables
+
+def test_tables_are_accurate_at_genomic_positions():
+    """cos/sin error < 1e-6 up to position 4,194,304; float32 angles would miss by far more."""
+    n, rotary_dim = 4_194_304, 64
+    cos, sin = rotary_tables(n, rotary_dim)
+    positions = torch.tensor([0, 1, 12_345, 1_000_003, 2_999_999, n - 1])
+    m = torch.arange(rotary_dim // 2)
+    exact = [[(math.cos(p * 10000.0 ** (-2 * j / rotary_dim)), math.sin(p * 10000.0 ** (-2 * j / rotary_dim)))
+              for j in m.tolist()] for p in positions.tolist()]
+    exact = torch.tensor(exact, dtype=torch.float64)
+    err = max((cos[positions].double() - exact[..., 0]).abs().max().item(),
+              (sin[positions].double() - exact[..., 1]).abs().max().item())
+    assert err < 1e-6
+    inv_freq32 = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+    naive = (positions.float()[:, None] * inv_freq32[None, :]).cos()
+    assert (naive.double() - exact[..., 0]).abs().max().item() > 1e-3  # why the angles are float64
+
+
+def test_interpolation_equals_scaled_positions():
+    scale = 16.0
+    cos, sin = rotary_tables(1000, 32, interpolation=scale, dtype=torch.float64)
+    inv_freq = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    angles = (torch.arange(1000, dtype=torch.float64) / scale)[:, None] * inv_freq
+    torch.testing.assert_close(cos, angles.cos(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(sin, angles.sin(), rtol=0, atol=1e-12)
+
+
+def test_ntk_alpha_scales_the_base():
+    cos, _ = rotary_tables(100, 32, ntk_alpha=8.0, dtype=torch.float64)
+    ref, _ = rotary_tables(100, 32, base=10000.0 * 8.0 ** (32 / 30), dtype=torch.float64)
+    torch.testing.assert_close(cos, ref)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(rotary_dim=7), "even"), (dict(seqlen=0), "seqlen"),
+                                          (dict(interpolation=0.0), "> 0")])
+def test_tables_bad_input(kwargs, match):
+    args = dict(seqlen=10, rotary_dim=8) | kwargs
+    with pytest.raises(ValueError, match=match):
+        rotary_tables(**args)
+
+
+def test_rotary_bad_input():
+    q = torch.randn(1, 20, 2, 32)
+    cos, sin = rotary_tables(20, 16)
+    with pytest.raises(ValueError, match="given together"):
+        genoflash.flash_attn_func(q, q, q, rotary_cos=cos)
+    with pytest.raises(ValueError, match="cover 10 positions but seqlen_k is 20"):
+        genoflash.flash_attn_func(q, q, q, rotary_cos=cos[:10], rotary_sin=sin[:10])
+    big_cos, big_sin = rotary_tables(20, 64)
+    with pytest.raises(ValueError, match="must be in"):
+        genoflash.flash_attn_func(q, q, q, rotary_cos=big_cos, rotary_sin=big_sin)
+    with pytest.raises(ValueError, match="seqlen_q <= seqlen_k"):
+        genoflash.flash_attn_func(q, q[:, :5], q[:, :5], rotary_cos=cos, rotary_sin=sin)
+    with pytest.raises(TypeError, match="2-D"):
+        genoflash.flash_attn_func(q, q, q, rotary_cos=cos[0], rotary_sin=sin[0])
+
+
+# ---------------------------------------------------------------- layer
+
+def test_attention_layer_uses_rotary_and_caches_tables(device):
+    torch.manual_seed(34)
+    layer = MultiHeadAttention(64, nheads=4, nheads_k=2, causal=True).to(device)
+    x = torch.randn(2, 50, 64, device=device)
+    out = layer(x)
+    assert out.shape == x.shape
+    cos, sin = layer.rotary(50, x.device)
+    assert cos.shape == (64, 8) and layer.rotary(60, x.device)[0] is cos  # cached, grown to a power of two
+    # Same layer, RoPE off: a different function (positions now matter).
+    plain = MultiHeadAttention(64, nheads=4, nheads_k=2, causal=True, rotary=False).to(device)
+    plain.load_state_dict(layer.state_dict())
+    assert not torch.allclose(plain(x), out)
+    out.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
