@@ -12,6 +12,7 @@ Cases (bf16, H=8 or 16, D=128 unless noted):
   dv       value head dim != key head dim: (64, 192), (128, 192), (192, 128) at N = 16k
   alibi    ALiBi vs plain at N = 16k, H=16
   softcap  softcap 30 vs plain at N = 16k, H=16
+  rope     fused RoPE (all 128 channels) vs plain at N = 16k (H=16) and 64k (H=8)
 Results go to <out>/<gpu>-<date>-features.json.
 """
 
@@ -74,8 +75,8 @@ def fixed_case(name, batch, seqlen, nheads, d=128, dv=128, **kw) -> dict:
     print(f"{name:<28} fwd {rec['fwd_tflops']:6.1f} TF/s {rec['fwd_ms']:9.3f} ms | fwd+bwd "
           f"{rec['fwd_bwd_tflops']:6.1f} TF/s {rec['fwd_bwd_ms']:9.3f} ms", flush=True)
     return {"case": name, "batch": batch, "seqlen": seqlen, "nheads": nheads, "d": d, "dv": dv,
-            "features": {k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items() if k != "alibi_slopes"}
-            | ({"alibi": True} if "alibi_slopes" in kw else {}), **rec}
+            "features": {k: (True if isinstance(v, torch.Tensor) else list(v) if isinstance(v, tuple) else v)
+                         for k, v in kw.items()}, **rec}
 
 
 def varlen_case(name, lengths, nheads=8, d=128) -> dict:
@@ -118,6 +119,12 @@ def run(cases: list[str]) -> list[dict]:
         results.append(fixed_case("plain causal H16 N16k", 1, 16384, 16, causal=True))
     if "softcap" in cases:
         results.append(fixed_case("softcap30 H16 N16k", 1, 16384, 16, softcap=30.0))
+    if "rope" in cases:
+        from ..rotary import rotary_tables
+        for n, h in ((16384, 16), (65536, 8)):
+            cos, sin = rotary_tables(n, 128, device="cuda")
+            results.append(fixed_case(f"plain H{h} N{n}", 1, n, h))
+            results.append(fixed_case(f"rope H{h} N{n}", 1, n, h, rotary_cos=cos, rotary_sin=sin))
     return results
 
 
