@@ -26,7 +26,7 @@ from .configs import backward_config
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, seq_strides
 from .mask import _mask_scores
-from .rotary import _apply_rotary
+from .rotary import _apply_rotary, _rotary_partner, _store_unrotated
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
@@ -80,14 +80,16 @@ def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, BLOCK_M):
         rows = (start_m + offs_m)[None, :]
-        q = _load_tile(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
-                       offs_d, HEAD_DIM, BLOCK_D, True)
+        q_ptr = _row_ptr(q_base, start_m, stride_qm)
+        q = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
         do = _load_tile(_row_ptr(do_base, start_m, stride_dom), offs_m, seqlen_q - start_m, stride_dom,
                         offs_dv, HEAD_DIM_V, BLOCK_DV, True)
         in_rows = offs_m < seqlen_q - start_m
         if ROTARY_DIM > 0:
-            q = _apply_rotary(q, start_m + offs_m + (seqlen_k - seqlen_q), in_rows, COS, SIN, stride_rot, offs_d,
-                              ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
+            q_partner = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm,
+                                   _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
+            q = _apply_rotary(q, q_partner, start_m + offs_m + (seqlen_k - seqlen_q), in_rows, COS, SIN, stride_rot,
+                              offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
         lse2 = _lse_for_recompute(tl.load(_row_ptr(lse_base, start_m, 1) + offs_m, mask=in_rows,
                                           other=float("-inf")))
         delta = tl.load(_row_ptr(delta_base, start_m, 1) + offs_m, mask=in_rows, other=0.0)
@@ -136,11 +138,13 @@ def _attn_bwd_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     # K and V tiles stay on chip; dK and dV accumulate in registers over all query tiles.
-    k = _load_tile(_row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn),
-                   offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_ptr = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn)
+    k = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, True)
     in_keys = offs_n < seqlen_k - start_n
     if ROTARY_DIM > 0:
-        k = _apply_rotary(k, start_n + offs_n, in_keys, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
+        k_partner = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn,
+                               _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
+        k = _apply_rotary(k, k_partner, start_n + offs_n, in_keys, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
                           ROTARY_INTERLEAVED, False).to(k.dtype)
     v = _load_tile(_row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start + start_n, stride_vn),
                    offs_n, seqlen_k - start_n, stride_vn, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
@@ -180,11 +184,12 @@ def _attn_bwd_dkdv_kernel(
                                       HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
                                       True, INPUT_PRECISION)
 
+    dk_ptr = _row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn)
     if ROTARY_DIM > 0:  # dk is w.r.t. the rotated keys; the transposed rotation maps it back
-        dk = _apply_rotary(dk, start_n + offs_n, in_keys, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
-                           ROTARY_INTERLEAVED, True)
-    _store_tile(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
-                dk * softmax_scale, offs_n, seqlen_k - start_n, stride_dkn, offs_d, HEAD_DIM, BLOCK_D)
+        _store_unrotated(dk_ptr, dk * softmax_scale, start_n + offs_n, offs_n, seqlen_k - start_n, stride_dkn,
+                         offs_d, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, ROTARY_DIM, ROTARY_INTERLEAVED)
+    else:
+        _store_tile(dk_ptr, dk * softmax_scale, offs_n, seqlen_k - start_n, stride_dkn, offs_d, HEAD_DIM, BLOCK_D)
     _store_tile(_row_ptr(_head_base(DV, off_b, off_hk, stride_dvb, stride_dvh), k_start + start_n, stride_dvn),
                 dv, offs_n, seqlen_k - start_n, stride_dvn, offs_dv, HEAD_DIM_V, BLOCK_DV)
 
@@ -205,13 +210,15 @@ def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
-        k = _load_tile(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
-                       offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        k_ptr = _row_ptr(k_base, start_n, stride_kn)
+        k = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
                        offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
         if ROTARY_DIM > 0:
-            k = _apply_rotary(k, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot, offs_d,
-                              ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
+            k_partner = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn,
+                                   _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, MASKED)
+            k = _apply_rotary(k, k_partner, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot,
+                              offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, tanh_s = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -256,15 +263,17 @@ def _attn_bwd_dq_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     row = q_start + start_m
     # Q, dO, lse and delta for this tile stay on chip for the whole key loop.
-    q = _load_tile(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm), offs_m,
-                   seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
+    q_ptr = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm)
+    q = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
     do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
                     seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     in_rows = offs_m < seqlen_q - start_m
     q_positions = start_m + offs_m + (seqlen_k - seqlen_q)
     if ROTARY_DIM > 0:
-        q = _apply_rotary(q, q_positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED,
-                          False).to(q.dtype)
+        q_partner = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm,
+                               _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
+        q = _apply_rotary(q, q_partner, q_positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
+                          ROTARY_INTERLEAVED, False).to(q.dtype)
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     lse2 = _lse_for_recompute(tl.load(lse_ptr + offs_m, mask=in_rows, other=float("-inf")))
@@ -293,11 +302,12 @@ def _attn_bwd_dq_kernel(
                             slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, True, INPUT_PRECISION)
+    dq_ptr = _row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm)
     if ROTARY_DIM > 0:  # dq is w.r.t. the rotated queries; the transposed rotation maps it back
-        dq = _apply_rotary(dq, q_positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED,
-                           True)
-    _store_tile(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
-                dq * softmax_scale, offs_m, seqlen_q - start_m, stride_dqm, offs_d, HEAD_DIM, BLOCK_D)
+        _store_unrotated(dq_ptr, dq * softmax_scale, q_positions, offs_m, seqlen_q - start_m, stride_dqm, offs_d,
+                         COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, ROTARY_DIM, ROTARY_INTERLEAVED)
+    else:
+        _store_tile(dq_ptr, dq * softmax_scale, offs_m, seqlen_q - start_m, stride_dqm, offs_d, HEAD_DIM, BLOCK_D)
 
 
 def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):

@@ -18,7 +18,7 @@ from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
 from .mask import _mask_scores
-from .rotary import _apply_rotary
+from .rotary import _apply_rotary, _rotary_partner
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
@@ -47,11 +47,13 @@ def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, star
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
         # Only masked tiles can hold the seqlen_k tail, so only they check rows.
-        k = _load_tile(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
-                       offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        k_ptr = _row_ptr(k_base, start_n, stride_kn)
+        k = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if ROTARY_DIM > 0:  # key j sits at position j
-            k = _apply_rotary(k, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot, offs_d,
-                              ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
+            k_partner = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn,
+                                   _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, MASKED)
+            k = _apply_rotary(k, k_partner, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot,
+                              offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -94,11 +96,13 @@ def _attn_fwd_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
 
     # The Q tile is loaded once and stays on chip for the whole key loop.
-    q = _load_tile(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm),
-                   offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
+    q_ptr = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm)
+    q = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
     if ROTARY_DIM > 0:  # query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment)
-        q = _apply_rotary(q, start_m + offs_m + (seqlen_k - seqlen_q), offs_m < seqlen_q - start_m, COS, SIN,
-                          stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
+        q_partner = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm,
+                               _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
+        q = _apply_rotary(q, q_partner, start_m + offs_m + (seqlen_k - seqlen_q), offs_m < seqlen_q - start_m,
+                          COS, SIN, stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
     k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
     v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
     slope_raw = 0.0
