@@ -1,0 +1,36 @@
+"""Genomic data: FASTA and BED access, tokens and one-hot, augmentation, datasets.
+
+Coordinates are 0-based and half-open everywhere (as in BED and Python slicing).
+
+| module | what |
+|---|---|
+| ``fasta`` | ``FastaFile``: indexed random access through pyfaidx, soft-mask, N padding |
+| ``bed`` | ``read_bed``, ``Interval``, ``resize`` about the centre |
+| ``tokenizer`` | single-nucleotide tokens (PAD=0, MASK, CLS, SEP, A, C, G, T, N) |
+| ``onehot`` | one-hot in ACGT order |
+| ``augment`` | reverse complement, random shift, random reverse complement |
+| ``datasets`` | ``GenomeWindowDataset`` (language modelling), ``IntervalDataset`` (labelled BED) |
+| ``synthetic`` | the long-range motif-grammar demo task |
+"""
+
+from .augment import (random_reverse_complement, random_shift, reverse_complement,
+                      reverse_complement_one_hot, reverse_complement_str, reverse_complement_tokens)
+from .bed import Interval, read_bed, resize
+from .datasets import IGNORE_INDEX, GenomeWindowDataset, IntervalDataset
+from .fasta import FastaFile, UnknownContigError
+from .onehot import one_hot
+from .synthetic import MarkovBackground, MotifGrammar, SyntheticLongRangeDataset, write_fasta_bed
+from .tokenizer import (A_ID, C_ID, CLS_ID, G_ID, MASK_ID, N_ID, PAD_ID, SEP_ID, T_ID, VOCAB,
+                        VOCAB_SIZE, decode, encode)
+
+__all__ = [
+    "FastaFile", "UnknownContigError",
+    "Interval", "read_bed", "resize",
+    "encode", "decode", "VOCAB", "VOCAB_SIZE",
+    "PAD_ID", "MASK_ID", "CLS_ID", "SEP_ID", "A_ID", "C_ID", "G_ID", "T_ID", "N_ID",
+    "one_hot",
+    "reverse_complement", "reverse_complement_str", "reverse_complement_tokens",
+    "reverse_complement_one_hot", "random_reverse_complement", "random_shift",
+    "GenomeWindowDataset", "IntervalDataset", "IGNORE_INDEX",
+    "MarkovBackground", "MotifGrammar", "SyntheticLongRangeDataset", "write_fasta_bed",
+]

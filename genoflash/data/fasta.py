@@ -1,0 +1,167 @@
+"""Random access to FASTA files through pyfaidx, in 0-based half-open coordinates.
+
+``FastaFile(path).fetch(chrom, start, end)`` returns bases ``start .. end-1`` of
+``chrom``, as Python slicing and BED do. The file is never loaded into memory: pyfaidx
+seeks with a ``.fai`` index, which is built on first use.
+
+Where the index goes: next to the FASTA (``genome.fa.fai``, as samtools does) when that
+index exists and is current or the directory may be written; otherwise (a read-only
+shared data directory, say) in ``$XDG_CACHE_HOME/genoflash/fai/`` (default
+``~/.cache/genoflash/fai/``), under a name keyed on the FASTA's absolute path. The FASTA
+itself is never copied. A directory whose permission bits forbid writing counts as
+read-only even for root, so a data directory marked read-only stays untouched.
+
+A ``FastaFile`` may be pickled into DataLoader workers or inherited through ``fork``: each
+process reopens its own pyfaidx handle on first use, so workers never share a file offset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pyfaidx
+
+
+class UnknownContigError(KeyError, ValueError):
+    """A contig name that the FASTA does not have (both a KeyError and a ValueError)."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0])
+
+
+def default_index_dir() -> Path:
+    """Where indexes of FASTA files in read-only directories go."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "genoflash" / "fai"
+
+
+def _can_write(directory: Path) -> bool:
+    """True if ``directory`` may be written: allowed for this user *and* by its mode bits."""
+    return os.access(directory, os.W_OK) and bool(directory.stat().st_mode & 0o222)
+
+
+def _index_path(fasta: Path, index_dir: Path | None) -> Path:
+    """The .fai path for ``fasta``: beside it when possible, else in ``index_dir`` / the cache."""
+    beside = fasta.with_name(fasta.name + ".fai")
+    if index_dir is None:
+        current = beside.exists() and beside.stat().st_mtime >= fasta.stat().st_mtime
+        if current or _can_write(fasta.parent):
+            return beside
+        index_dir = default_index_dir()
+    index_dir = Path(index_dir)
+    index_dir.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(fasta.resolve()).encode()).hexdigest()[:16]
+    return index_dir / f"{fasta.name}.{key}.fai"
+
+
+class FastaFile:
+    """An indexed FASTA file: contig lengths and ``fetch(chrom, start, end)``.
+
+    Args:
+        path: the FASTA file (plain text; pyfaidx also reads bgzip-compressed files).
+        index_dir: put the ``.fai`` index here instead of choosing as described above.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file is not a FASTA pyfaidx can index (text before the first
+            ``>`` header, inconsistent line lengths, blank lines inside a record,
+            duplicate names, binary data); the message names the file.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, index_dir: str | os.PathLike | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"FASTA file not found: {self.path}")
+        self.index_path = _index_path(self.path, None if index_dir is None else Path(index_dir))
+        self._handle: pyfaidx.Fasta | None = None
+        self._pid = -1
+        self.contig_lengths: dict[str, int] = {
+            name: len(record) for name, record in self._fasta.records.items()}
+
+    @property
+    def _fasta(self) -> pyfaidx.Fasta:
+        """This process's pyfaidx handle, opened on first use (and again after a fork)."""
+        if self._handle is None or self._pid != os.getpid():
+            try:
+                self._handle = pyfaidx.Fasta(str(self.path), indexname=str(self.index_path),
+                                             as_raw=True, sequence_always_upper=False)
+            except (pyfaidx.FastaIndexingError, pyfaidx.IndexNotFoundError, ValueError) as err:
+                # ValueError covers duplicate names and UnicodeDecodeError on binary data.
+                raise ValueError(f"malformed FASTA file {self.path}: {err}") from err
+            self._pid = os.getpid()
+        return self._handle
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_handle": None, "_pid": -1}
+
+    @property
+    def contigs(self) -> list[str]:
+        """Contig names in file order."""
+        return list(self.contig_lengths)
+
+    def __contains__(self, chrom: str) -> bool:
+        return chrom in self.contig_lengths
+
+    def __repr__(self) -> str:
+        return f"FastaFile({str(self.path)!r}, {len(self.contig_lengths)} contigs)"
+
+    def contig_length(self, chrom: str) -> int:
+        """Length of ``chrom``; an UnknownContigError that lists known names if absent."""
+        try:
+            return self.contig_lengths[chrom]
+        except KeyError:
+            raise UnknownContigError(self._unknown_contig_message(chrom)) from None
+
+    def _unknown_contig_message(self, chrom: str) -> str:
+        names = self.contigs
+        shown = ", ".join(repr(n) for n in names[:5]) + (", ..." if len(names) > 5 else "")
+        message = f"contig {chrom!r} is not in {self.path} ({len(names)} contigs: {shown})"
+        for alias in (chrom[3:], "chr" + chrom) if chrom.startswith("chr") else ("chr" + chrom,):
+            if alias in self.contig_lengths:
+                return message + f"; did you mean {alias!r}?"
+        return message
+
+    def fetch(self, chrom: str, start: int, end: int, *, pad: bool = False, upper: bool = True,
+              return_softmask: bool = False) -> str | tuple[str, np.ndarray]:
+        """Bases ``start .. end-1`` of ``chrom`` (0-based, half-open), as a string.
+
+        Args:
+            pad: fill the parts of the interval outside the contig with N. Without it,
+                such an interval raises ValueError (naming chrom, start, end and length).
+            upper: upper-case the bases (the default); ``False`` keeps the file's case.
+            return_softmask: also return a boolean array, True where the file has a
+                lower-case (soft-masked, typically repeat) base; False for padding.
+        """
+        length = self.contig_length(chrom)
+        if start > end:
+            raise ValueError(f"interval {chrom}:{start}-{end} has start > end")
+        if (start < 0 or end > length) and not pad:
+            raise ValueError(
+                f"interval {chrom}:{start}-{end} (0-based, half-open) lies outside contig "
+                f"{chrom!r} of length {length} in {self.path}; pass pad=True to fill with N")
+        left = min(max(0, -start), end - start)             # N before the contig starts
+        right = min(max(0, end - length), end - start - left)  # N after it ends
+        inside_start, inside_end = start + left, end - right
+        raw = self._fasta[chrom][inside_start:inside_end] if inside_end > inside_start else ""
+        sequence = "N" * left + (raw.upper() if upper else raw) + "N" * right
+        if not return_softmask:
+            return sequence
+        mask = np.zeros(end - start, dtype=bool)
+        codes = np.frombuffer(raw.encode("ascii", errors="replace"), dtype=np.uint8)
+        mask[left:left + codes.size] = (codes >= ord("a")) & (codes <= ord("z"))
+        return sequence, mask
+
+    def close(self) -> None:
+        """Close this process's file handle (reopened automatically if used again)."""
+        if self._handle is not None and self._pid == os.getpid():
+            self._handle.close()
+        self._handle = None
+
+    def __enter__(self) -> FastaFile:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,582 @@
+"""genoflash.data against real DNA (../shared/data) and independent computations.
+
+Expected values come from a tiny FASTA reader written here, from explicit tables and
+literal coordinates, never from the function under test. The shared data directory is
+read-only: every test indexes into a temporary directory, and a guard checks that the
+directory is unchanged afterwards.
+"""
+
+import gzip
+import logging
+import os
+import pickle
+import re
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from genoflash.data import (
+    A_ID, C_ID, CLS_ID, G_ID, IGNORE_INDEX, MASK_ID, N_ID, PAD_ID, SEP_ID, T_ID, VOCAB, VOCAB_SIZE,
+    FastaFile, GenomeWindowDataset, Interval, IntervalDataset, MarkovBackground, MotifGrammar,
+    SyntheticLongRangeDataset, decode, encode, one_hot, random_reverse_complement, random_shift,
+    read_bed, resize, reverse_complement, reverse_complement_one_hot, reverse_complement_str,
+    reverse_complement_tokens, write_fasta_bed)
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+CHLOROPLAST = DATA / "NC_000932.arabidopsis_chloroplast.fa"
+PLASMID = DATA / "NC_005816.yersinia_pestis_pPCP1.fa"
+HG38 = DATA / "hg38.blat_fragments.fa"
+CP = "NC_000932.1"
+COMPLEMENT = {"A": "T", "C": "G", "G": "C", "T": "A", "N": "N", "R": "Y", "Y": "R", "S": "S",
+              "W": "W", "K": "M", "M": "K", "B": "V", "V": "B", "D": "H", "H": "D"}
+
+
+def read_fasta_text(path: Path) -> dict[str, str]:
+    """Independent reader: record name (first word of the header) -> sequence, case kept."""
+    records: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith(">"):
+            name = line[1:].split()[0]
+            records[name] = []
+        elif line.strip():
+            records[name].append(line.strip())
+    return {name: "".join(parts) for name, parts in records.items()}
+
+
+def slow_reverse_complement(sequence: str) -> str:
+    return "".join(COMPLEMENT[c.upper()] if c.isupper() else COMPLEMENT[c.upper()].lower()
+                   for c in reversed(sequence))
+
+
+def slow_one_hot(sequence: str, n_value: float) -> np.ndarray:
+    return np.array([[1.0 if c == b else 0.0 for b in "ACGT"] if c in "ACGT" else [n_value] * 4
+                     for c in sequence.upper()])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_data_untouched():
+    assert DATA.is_dir(), f"the shared test data is missing: expected it at {DATA}"
+    before = sorted(p.name for p in DATA.iterdir())
+    yield
+    assert sorted(p.name for p in DATA.iterdir()) == before, "a test wrote into the shared data"
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fai")
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return {path.name: read_fasta_text(path) for path in (CHLOROPLAST, PLASMID, HG38)}
+
+
+@pytest.fixture(scope="module")
+def chloroplast(index_dir):
+    return FastaFile(CHLOROPLAST, index_dir=index_dir)
+
+
+@pytest.fixture(scope="module")
+def chloroplast_text(raw):
+    return raw[CHLOROPLAST.name][CP]
+
+
+# --- FASTA -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", [CHLOROPLAST, PLASMID, HG38], ids=lambda p: p.name)
+def test_fetch_matches_the_raw_file(path, raw, index_dir):
+    fasta, expected = FastaFile(path, index_dir=index_dir), raw[path.name]
+    assert fasta.contig_lengths == {name: len(seq) for name, seq in expected.items()}
+    rng = np.random.default_rng(0)
+    for chrom, seq in expected.items():
+        n = len(seq)
+        intervals = [(0, n), (0, 1), (n - 1, n), (5, 5), (69, 71), (49, 51), (n - 71, n - 69)]
+        intervals += [tuple(sorted(rng.integers(0, n + 1, 2))) for _ in range(100)]
+        for start, end in intervals:
+            assert fasta.fetch(chrom, start, end) == seq[start:end].upper()
+            assert fasta.fetch(chrom, start, end, upper=False) == seq[start:end]
+
+
+def test_softmask_is_true_exactly_on_lower_case(raw, index_dir):
+    fasta = FastaFile(HG38, index_dir=index_dir)
+    for chrom, seq in raw[HG38.name].items():
+        sequence, mask = fasta.fetch(chrom, 0, len(seq), return_softmask=True)
+        expected = np.array([c.islower() for c in seq])
+        assert 0 < expected.sum() < len(seq)  # the file is soft-masked in part
+        np.testing.assert_array_equal(mask, expected)
+        assert sequence == seq.upper()
+    chrom, seq = "chr4:41257605-41263290", raw[HG38.name]["chr4:41257605-41263290"]
+    lower = next(i for i, c in enumerate(seq) if c.islower())
+    _, mask = fasta.fetch(chrom, lower - 3, lower + 3, return_softmask=True)
+    np.testing.assert_array_equal(mask, [c.islower() for c in seq[lower - 3:lower + 3]])
+    sequence, mask = fasta.fetch(chrom, len(seq) - 2, len(seq) + 3, pad=True, return_softmask=True)
+    assert sequence == seq[-2:].upper() + "NNN"
+    np.testing.assert_array_equal(mask, [c.islower() for c in seq[-2:]] + [False] * 3)
+
+
+def test_windows_at_contig_edges_are_padded_with_n(chloroplast, chloroplast_text):
+    seq, n = chloroplast_text, len(chloroplast_text)
+    assert chloroplast.fetch(CP, -5, 10, pad=True) == "N" * 5 + seq[:10]
+    assert chloroplast.fetch(CP, n - 3, n + 4, pad=True) == seq[-3:] + "N" * 4
+    assert chloroplast.fetch(CP, -7, -2, pad=True) == "N" * 5
+    assert chloroplast.fetch(CP, n + 2, n + 6, pad=True) == "N" * 4
+    assert chloroplast.fetch(CP, -1, n + 1, pad=True) == "N" + seq + "N"
+    for start, end in [(-5, 10), (-1, 0), (n - 3, n + 4), (n - 1, n + 1), (n, n + 1), (-1, n + 1)]:
+        message = f"{CP}:{start}-{end}.*length {n}"
+        with pytest.raises(ValueError, match=message):
+            chloroplast.fetch(CP, start, end)
+    with pytest.raises(ValueError, match="start > end"):
+        chloroplast.fetch(CP, 10, 5)
+
+
+def test_unknown_contig_is_named_with_known_ones(index_dir, tmp_path):
+    fasta = FastaFile(HG38, index_dir=index_dir)
+    with pytest.raises(KeyError, match=r"'chr99'.*chr13:75549820-75605809"):
+        fasta.fetch("chr99", 0, 10)
+    with pytest.raises(ValueError, match="did you mean 'chrX'"):  # also a ValueError
+        FastaFile(_write(tmp_path / "chrx.fa", ">chrX\nACGT\n")).fetch("X", 0, 1)
+
+
+def test_missing_fasta_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "nope.fa"))):
+        FastaFile(tmp_path / "nope.fa")
+
+
+def _write(path: Path, text: "str | bytes") -> Path:
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+@pytest.mark.parametrize("content", [
+    "ACGT\n>chr1\nACGT\n",                      # sequence before the first header
+    ">chr1\nACGTACGT\nACG\nACGTACGT\n",         # inconsistent line lengths
+    ">chr1\nACGT\n\nACGT\n",                    # blank line inside a record
+    ">chr1\nACGT\n>chr1\nAC\n",                 # duplicate names
+    "",                                         # no record at all
+    bytes(range(256)) * 2,                      # binary junk
+], ids=["text-before-header", "line-lengths", "blank-line", "duplicate", "empty", "binary"])
+def test_malformed_fasta_is_a_value_error_naming_the_file(tmp_path, content):
+    path = _write(tmp_path / "bad.fa", content)
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        FastaFile(path)
+
+
+def test_index_of_read_only_shared_data_goes_to_the_cache(monkeypatch, tmp_path, raw):
+    read_only = not os.access(DATA, os.W_OK) or not DATA.stat().st_mode & 0o222
+    if not read_only:
+        pytest.skip(f"{DATA} is writable here")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fasta = FastaFile(PLASMID)
+    assert fasta.index_path.parent == tmp_path / "genoflash" / "fai" and fasta.index_path.exists()
+    assert not (DATA / (PLASMID.name + ".fai")).exists()
+    (chrom, seq), = raw[PLASMID.name].items()
+    assert fasta.fetch(chrom, 100, 200) == seq[100:200]
+
+
+def test_index_goes_beside_the_fasta_unless_the_directory_is_read_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    writable = tmp_path / "writable"
+    writable.mkdir()
+    assert FastaFile(_write(writable / "a.fa", ">a\nACGT\n")).index_path == writable / "a.fa.fai"
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    _write(locked / "a.fa", ">a\nACGTAC\nGT\n")
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)  # read-only even for root: mode bits count
+    try:
+        fasta = FastaFile(locked / "a.fa")
+        assert fasta.index_path.parent == tmp_path / "cache" / "genoflash" / "fai"
+        assert fasta.fetch("a", 4, 8) == "ACGT" and sorted(os.listdir(locked)) == ["a.fa"]
+        # the same name in another directory gets its own cache entry
+        assert FastaFile(writable / "a.fa", index_dir=fasta.index_path.parent).index_path != fasta.index_path
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+# --- tokens and one-hot ------------------------------------------------------------------
+
+def test_token_ids_are_as_documented():
+    ids = [PAD_ID, MASK_ID, CLS_ID, SEP_ID, A_ID, C_ID, G_ID, T_ID, N_ID]
+    assert ids == list(range(9))
+    assert VOCAB_SIZE == 9 and VOCAB[A_ID:] == ("A", "C", "G", "T", "N")
+    assert encode("ACGTNacgtn").tolist() == [4, 5, 6, 7, 8, 4, 5, 6, 7, 8]
+    assert encode("").dtype == torch.long and encode("").numel() == 0
+
+
+def test_iupac_codes_become_n():
+    codes = "RYSWKMBDHV"
+    assert encode(codes + codes.lower()).tolist() == [N_ID] * 20
+    assert decode(encode("ArYt")) == "ANNT"
+
+
+@pytest.mark.parametrize("bad, position", [("ACGTX", 4), ("-ACGT", 0), ("AC GT", 2), ("ACμGT", 2)])
+def test_illegal_character_names_record_and_position(bad, position):
+    message = f"{re.escape(repr(bad[position]))} at position {position} in record 'chr7'"
+    with pytest.raises(ValueError, match=message):
+        encode(bad, name="chr7")
+
+
+def test_encode_decode_round_trip_on_a_genome(chloroplast_text):
+    tokens = encode(chloroplast_text)
+    expected = [{"A": A_ID, "C": C_ID, "G": G_ID, "T": T_ID}[c] for c in chloroplast_text[:5000]]
+    assert tokens[:5000].tolist() == expected
+    assert decode(tokens) == chloroplast_text
+    assert decode(torch.tensor([CLS_ID, A_ID, MASK_ID, PAD_ID])) == "[CLS]A[MASK][PAD]"
+
+
+def test_one_hot_is_in_acgt_order(chloroplast_text):
+    np.testing.assert_array_equal(one_hot("ACGTN"), [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0],
+                                                     [0, 0, 0, 1], [0.25] * 4])
+    np.testing.assert_array_equal(one_hot("NaR", n_value=0.0), [[0] * 4, [1, 0, 0, 0], [0] * 4])
+    window = chloroplast_text[10_000:12_000] + "NRYN"
+    np.testing.assert_array_equal(one_hot(window), slow_one_hot(window, 0.25))
+    batch = torch.stack([encode("ACGT"), encode("TTNA")])
+    assert one_hot(batch).shape == (2, 4, 4)
+    np.testing.assert_array_equal(one_hot(batch)[1], slow_one_hot("TTNA", 0.25))
+    np.testing.assert_array_equal(one_hot(torch.tensor([PAD_ID, A_ID])), [[0] * 4, [1, 0, 0, 0]])
+    with pytest.raises(ValueError, match=r"\[MASK\]"):
+        one_hot(torch.tensor([A_ID, MASK_ID]))
+    with pytest.raises(ValueError, match="n_value"):
+        one_hot("ACGT", n_value=0.5)
+
+
+# --- augmentation ------------------------------------------------------------------------
+
+def test_reverse_complement_of_strings(chloroplast_text):
+    window = chloroplast_text[50_000:53_000]
+    assert reverse_complement_str(window) == slow_reverse_complement(window)
+    mixed = "acgtNRYSWKMBDHVryswkmbdhv" + window[:100]
+    assert reverse_complement(mixed) == slow_reverse_complement(mixed)
+    assert reverse_complement_str(reverse_complement_str(mixed)) == mixed
+    with pytest.raises(ValueError, match="'X' at position 2"):
+        reverse_complement_str("ACXGT")
+
+
+def test_reverse_complement_of_tokens_and_one_hot_agree_with_strings(chloroplast_text):
+    window = chloroplast_text[90_000:92_000] + "NNACN"
+    tokens = encode(window)
+    expected = encode(slow_reverse_complement(window))
+    assert torch.equal(reverse_complement_tokens(tokens), expected)
+    assert torch.equal(reverse_complement(reverse_complement(tokens)), tokens)
+    with_specials = torch.tensor([CLS_ID, A_ID, C_ID, N_ID, MASK_ID, SEP_ID, PAD_ID])
+    assert reverse_complement(with_specials).tolist() == [PAD_ID, SEP_ID, MASK_ID, N_ID, G_ID, T_ID, CLS_ID]
+    for n_value in (0.25, 0.0):
+        x = one_hot(window, n_value=n_value)
+        assert torch.equal(reverse_complement_one_hot(x), torch.from_numpy(
+            slow_one_hot(slow_reverse_complement(window), n_value)).float())
+        assert torch.equal(reverse_complement(reverse_complement(x)), x)
+    batch = one_hot(torch.stack([encode("AACG"), encode("TNGC")]))
+    assert torch.equal(reverse_complement(batch)[0], one_hot("CGTT"))
+
+
+def test_random_reverse_complement_is_seeded():
+    tokens = encode("AACCGGTTN")
+    flips = [random_reverse_complement(tokens, torch.Generator().manual_seed(s))[1] for s in range(200)]
+    again = [random_reverse_complement(tokens, torch.Generator().manual_seed(s))[1] for s in range(200)]
+    assert flips == again and 60 < sum(flips) < 140
+    out, flipped = random_reverse_complement(tokens, torch.Generator().manual_seed(0), p=1.0)
+    assert flipped and decode(out) == "NAACCGGTT"
+
+
+def test_random_shift_stays_within_bounds_and_adds_no_n():
+    generator = torch.Generator().manual_seed(0)
+    length, max_shift = 1_000, 7
+    for start, end in [(0, 100), (3, 103), (450, 550), (895, 997), (900, 1000), (-5, 50), (-10, 1010)]:
+        shifts = set()
+        for _ in range(300):
+            new_start, new_end = random_shift(start, end, max_shift, length, generator)
+            shift = new_start - start
+            assert new_end - new_start == end - start and abs(shift) <= max_shift
+            assert max(0, -new_start) <= max(0, -start) and max(0, new_end - length) <= max(0, end - length)
+            shifts.add(shift)
+        expected_low = max(-max_shift, min(0, -start))
+        expected_high = min(max_shift, max(0, length - end))
+        assert shifts == set(range(expected_low, expected_high + 1))
+
+
+# --- BED ---------------------------------------------------------------------------------
+
+BED_TEXT = """track name=peaks
+browser position chr1:1-100
+# a comment
+
+NC_000932.1\t100\t200
+NC_000932.1\t300\t400\tpeak2\t7.5\t-
+NC_000932.1\t500\t600\tpeak3\t.\t+\tvalid
+NC_000932.1\t700\t800\tpeak4\t1\t.\t710\t790\t0,0,0
+"""
+
+
+def test_read_bed_columns_and_skipped_lines(tmp_path):
+    path = _write(tmp_path / "x.bed", BED_TEXT)
+    records = read_bed(path)
+    assert [(r.chrom, r.start, r.end, r.name, r.score, r.strand, r.split, r.line) for r in records] == [
+        (CP, 100, 200, None, None, ".", None, 5),
+        (CP, 300, 400, "peak2", 7.5, "-", None, 6),
+        (CP, 500, 600, "peak3", None, "+", "valid", 7),
+        (CP, 700, 800, "peak4", 1.0, ".", None, 8),
+    ]
+    with gzip.open(tmp_path / "x.bed.gz", "wt") as f:
+        f.write(BED_TEXT)
+    assert [r.start for r in read_bed(tmp_path / "x.bed.gz")] == [100, 300, 500, 700]
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("chr1\t100", "at least 3 columns"),
+    ("chr1\tten\t200", "integers"),
+    ("chr1\t200\t100", "start <= end"),
+    ("chr1\t-1\t100", "start <= end"),
+    ("chr1\t1\t100\tx\thigh", "not a number"),
+    ("chr1\t1\t100\tx\t0\t*", "strand"),
+    ("chr1\t1\t100\tx\t0\t+\ttraining", "split"),
+])
+def test_malformed_bed_line_names_file_and_line(tmp_path, line, reason):
+    path = _write(tmp_path / "bad.bed", f"# header\nchr1\t0\t10\n{line}\n")
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}:3: .*{reason}"):
+        read_bed(path)
+
+
+def test_resize_about_the_centre():
+    assert (resize(Interval("c", 100, 200), 50).start, resize(Interval("c", 100, 200), 50).end) == (125, 175)
+    assert (resize(Interval("c", 100, 200), 300).start, resize(Interval("c", 100, 200), 300).end) == (0, 300)
+    assert (resize(Interval("c", 10, 30), 100).start, resize(Interval("c", 10, 30), 100).end) == (-30, 70)
+    assert (resize(Interval("c", 10, 21), 4).start, resize(Interval("c", 10, 21), 4).end) == (13, 17)
+    assert resize(Interval("c", 5, 6, name="x", strand="-"), 3) == Interval("c", 4, 7, name="x", strand="-")
+    with pytest.raises(ValueError):
+        resize(Interval("c", 5, 6), 0)
+
+
+# --- GenomeWindowDataset -----------------------------------------------------------------
+
+def test_windows_are_real_genome_and_deterministic_by_seed(chloroplast, chloroplast_text):
+    dataset = GenomeWindowDataset(chloroplast, 512, 20, seed=3, objective=None)
+    starts = []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        start = item["start"]
+        assert item["chrom"] == CP and decode(item["input_ids"]) == chloroplast_text[start:start + 512]
+        starts.append(item["start"])
+    assert len(set(starts)) == 20
+    again = GenomeWindowDataset(CHLOROPLAST, 512, 20, seed=3, objective=None,
+                                index_dir=chloroplast.index_path.parent)
+    assert [again[i]["start"] for i in range(20)] == starts
+    assert [GenomeWindowDataset(chloroplast, 512, 20, seed=4)[i]["start"] for i in range(20)] != starts
+    dataset.set_epoch(1)
+    assert [dataset[i]["start"] for i in range(20)] != starts
+    with pytest.raises(IndexError):
+        dataset[20]
+
+
+def test_window_reverse_complement_augmentation(chloroplast, chloroplast_text):
+    dataset = GenomeWindowDataset(chloroplast, 300, 40, seed=0, objective=None, rc_prob=0.5)
+    flipped = 0
+    for i in range(len(dataset)):
+        item = dataset[i]
+        forward = chloroplast_text[item["start"]:item["start"] + 300]
+        expected = slow_reverse_complement(forward) if item["reverse_complement"] else forward
+        assert decode(item["input_ids"]) == expected
+        flipped += item["reverse_complement"]
+    assert 5 < flipped < 35
+
+
+def test_masked_lm_labels(chloroplast, chloroplast_text):
+    dataset = GenomeWindowDataset(chloroplast, 2_000, 10, seed=1, objective="mlm")
+    masked = total = 0
+    for i in range(len(dataset)):
+        item = dataset[i]
+        original = encode(chloroplast_text[item["start"]:item["start"] + 2_000])
+        is_mask = item["input_ids"] == MASK_ID
+        assert torch.equal(item["labels"][is_mask], original[is_mask])
+        assert (item["labels"][~is_mask] == IGNORE_INDEX).all()
+        assert torch.equal(item["input_ids"][~is_mask], original[~is_mask])
+        masked, total = masked + int(is_mask.sum()), total + 2_000
+    assert 0.13 < masked / total < 0.17
+
+
+def test_masked_lm_never_masks_n(tmp_path):
+    path = _write(tmp_path / "n.fa", ">c\n" + "ACGTNNNNNN" * 100 + "\n")
+    item = GenomeWindowDataset(path, 500, 1, objective="mlm", mask_prob=0.5, max_n_fraction=0.7)[0]
+    assert (item["input_ids"] == MASK_ID).any()
+    original = encode(FastaFile(path).fetch("c", item["start"], item["start"] + 500))
+    assert (item["labels"][original == N_ID] == IGNORE_INDEX).all()
+
+
+def test_causal_lm_shift(chloroplast, chloroplast_text):
+    item = GenomeWindowDataset(chloroplast, 256, 1, seed=0, objective="clm")[0]
+    window = encode(chloroplast_text[item["start"]:item["start"] + 257])
+    assert torch.equal(item["input_ids"], window[:-1]) and torch.equal(item["labels"], window[1:])
+
+
+def test_fasta_file_pickles_without_its_handle(chloroplast, chloroplast_text):
+    copy = pickle.loads(pickle.dumps(chloroplast))  # what a spawned DataLoader worker gets
+    assert copy._handle is None and copy.fetch(CP, 500, 600) == chloroplast_text[500:600]
+
+
+def test_dataloader_workers_give_the_same_items(chloroplast):
+    dataset = GenomeWindowDataset(chloroplast, 128, 8, seed=5, objective="mlm")
+    loader = DataLoader(dataset, batch_size=4, num_workers=2)
+    batches = list(loader)
+    expected = torch.stack([dataset[i]["input_ids"] for i in range(8)])
+    assert torch.equal(torch.cat([b["input_ids"] for b in batches]), expected)
+
+
+def test_mostly_n_windows_are_redrawn_then_a_clear_error(tmp_path):
+    path = _write(tmp_path / "gappy.fa", ">gap\n" + "N" * 5_000 + "\n>real\n" + "ACGT" * 500 + "\n")
+    dataset = GenomeWindowDataset(path, 100, 30, seed=0, objective=None, max_n_fraction=0.1)
+    assert all(dataset[i]["chrom"] == "real" for i in range(30))  # 72% of starts are in 'gap'
+    only_n = _write(tmp_path / "only_n.fa", ">gap\n" + "N" * 1_000 + "\n")
+    with pytest.raises(RuntimeError, match=r"at most 50% N .* in 7 tries"):
+        GenomeWindowDataset(only_n, 100, 1, max_tries=7)[0]
+    with pytest.raises(ValueError, match="at least 2000 bases"):
+        GenomeWindowDataset(only_n, 2_000, 1)
+
+
+# --- IntervalDataset ---------------------------------------------------------------------
+
+def test_interval_dataset_items(tmp_path, chloroplast, chloroplast_text):
+    seq, n = chloroplast_text, len(chloroplast_text)
+    bed = _write(tmp_path / "x.bed", f"{CP}\t1000\t1100\ta\t1\t+\n{CP}\t10\t30\tb\t0\t-\n"
+                                     f"{CP}\t{n - 20}\t{n}\tc\t1\t-\n")
+    dataset = IntervalDataset(chloroplast, bed, length=200)
+    x, label = dataset[0]
+    assert torch.equal(x, torch.from_numpy(slow_one_hot(seq[1000 - 50:1100 + 50], 0.25)).float())
+    assert label.dtype == torch.float32 and [float(dataset[i][1]) for i in range(3)] == [1.0, 0.0, 1.0]
+    tokens = IntervalDataset(chloroplast, bed, length=100, output="tokens", labels=[2, 0, 1])
+    assert decode(tokens[1][0]) == "N" * 30 + seq[:70] and tokens[1][1].dtype == torch.long
+    stranded = IntervalDataset(chloroplast, bed, length=100, output="tokens", stranded=True)
+    assert decode(stranded[2][0]) == slow_reverse_complement(seq[n - 60:] + "N" * 40)
+    assert decode(stranded[0][0]) == seq[1000:1100]
+
+
+def test_interval_dataset_shift_and_split(tmp_path, chloroplast, chloroplast_text):
+    bed = _write(tmp_path / "x.bed", f"{CP}\t5000\t5100\ta\t1\t+\ttrain\n{CP}\t6000\t6100\tb\t0\t+\ttest\n")
+    train = IntervalDataset(chloroplast, bed, length=100, output="tokens", split="train", max_shift=20)
+    assert len(train) == 1
+    seen = set()
+    for epoch in range(20):
+        train.set_epoch(epoch)
+        window = decode(train[0][0])
+        shift = chloroplast_text.find(window, 5000 - 20) - 5000
+        assert -20 <= shift <= 20 and chloroplast_text[5000 + shift:5100 + shift] == window
+        seen.add(shift)
+    assert len(seen) > 5
+    with pytest.raises(ValueError, match="no split column"):
+        IntervalDataset(chloroplast, [Interval(CP, 1, 2, score=0.0)], length=10, split="train")
+
+
+def test_bad_interval_record_raises_with_the_bed_line_or_is_skipped(tmp_path, chloroplast, caplog):
+    n = chloroplast.contig_length(CP)
+    bed = _write(tmp_path / "x.bed", f"# header\n{CP}\t100\t200\tok1\t1\nchrUn\t100\t200\tbad1\t0\n"
+                                     f"{CP}\t{n - 10}\t{n + 5}\tbad2\t0\n{CP}\t300\t400\tok2\t0\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(bed))}:3: .*'chrUn'"):
+        IntervalDataset(chloroplast, bed, length=100)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(bed))}:4: .*{n}"):
+        IntervalDataset(chloroplast, read_bed(bed)[:1] + read_bed(bed)[2:], length=100)
+    with caplog.at_level(logging.WARNING, logger="genoflash.data.datasets"):
+        dataset = IntervalDataset(chloroplast, bed, length=100, labels=[10, 20, 30, 40], on_error="skip")
+    assert [r.name for r in dataset.records] == ["ok1", "ok2"]
+    assert [int(dataset[i][1]) for i in range(2)] == [10, 40]  # labels stay with their records
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and f"{bed}:3" in warnings[0] and f"{bed}:4" in warnings[1]
+
+
+def test_illegal_base_in_a_fasta_names_the_record(tmp_path):
+    path = _write(tmp_path / "x.fa", ">c\nACGTACGT\nAC*TACGT\n")
+    with pytest.raises(ValueError, match=r"'\*' at position 10 in record 'c:0-16'"):
+        GenomeWindowDataset(path, 16, 1)[0]
+    bed = _write(tmp_path / "x.bed", "c\t8\t16\tx\t1\n")
+    with pytest.raises(ValueError, match=rf"'\*' at position 2 in record '{re.escape(str(bed))}:1"):
+        IntervalDataset(path, bed, length=8)[0]
+
+
+# --- synthetic long-range task -----------------------------------------------------------
+
+def motif_text(codes) -> str:
+    return "".join("ACGT"[int(b)] for b in codes)
+
+
+def find_families(sequence: str, grammar: MotifGrammar) -> tuple[list[int], list[int]]:
+    """Every (family, position) occurrence of the grammar's motifs, found by string search."""
+    def occurrences(motifs):
+        return [(f, m.start()) for f, motif in enumerate(motifs)
+                for m in re.finditer(f"(?={motif_text(motif)})", sequence)]
+    return occurrences(grammar.enhancers), occurrences(grammar.promoters)
+
+
+def test_synthetic_is_reproducible():
+    a = SyntheticLongRangeDataset(20, 2_000, 1_000, seed=7)
+    b = SyntheticLongRangeDataset(20, 2_000, 1_000, seed=7)
+    assert all(torch.equal(a[i][0], b[i][0]) and a[i][1] == b[i][1] for i in range(20))
+    c = SyntheticLongRangeDataset(20, 2_000, 1_000, seed=8)
+    assert not torch.equal(a[0][0], c[0][0])
+    assert np.array_equal(a.grammar.enhancers, c.grammar.enhancers)  # seeds share the grammar
+    assert np.array_equal(a.grammar.partner, c.grammar.partner)
+
+
+@pytest.mark.parametrize("distance", [1_000, 10_000, 100_000])
+def test_synthetic_motifs_sit_at_the_asked_distance(distance):
+    dataset = SyntheticLongRangeDataset(3, distance + 400, distance, seed=1)
+    positions = set()
+    for i in range(3):
+        tokens, _ = dataset[i]
+        assert tokens.shape == (distance + 400,)
+        (e, e_start), = find_families(decode(tokens), dataset.grammar)[0]
+        (p, p_start), = find_families(decode(tokens), dataset.grammar)[1]
+        assert p_start - e_start == distance and e_start >= 64 and p_start + 16 <= distance + 400 - 64
+        positions.add(e_start)
+    assert len(positions) > 1  # the pair's position jitters
+
+
+def test_each_motif_alone_is_uninformative_but_the_pair_decides():
+    dataset = SyntheticLongRangeDataset(4_000, 1_200, 1_000, seed=0)
+    grammar = dataset.grammar
+    rows = []
+    for i in range(len(dataset)):
+        tokens, label = dataset[i]
+        enhancers, promoters = find_families(decode(tokens), grammar)
+        assert len(enhancers) == 1 and len(promoters) == 1
+        rows.append((enhancers[0][0], promoters[0][0], int(label)))
+    e, p, y = np.array(rows).T
+    assert abs(y.mean() - 0.5) < 0.03
+    for families in (e, p):
+        for family in range(grammar.n_families):
+            chosen = families == family
+            assert abs(chosen.mean() - 1 / grammar.n_families) < 0.03  # every family is used
+            assert abs(y[chosen].mean() - 0.5) < 0.06                  # and alone says nothing
+    for pair in set(zip(e, p)):  # the pair decides the label, and positives use the partner
+        labels = y[(e == pair[0]) & (p == pair[1])]
+        assert len(set(labels)) == 1 and labels[0] == (grammar.partner[pair[0]] == pair[1])
+    assert len(set(zip(e[y == 1], p[y == 1]))) == grammar.n_families
+
+
+def test_synthetic_rejects_impossible_geometry():
+    with pytest.raises(ValueError, match="too short"):
+        SyntheticLongRangeDataset(1, 1_000, 1_000)
+    with pytest.raises(ValueError, match="overlap"):
+        SyntheticLongRangeDataset(1, 1_000, 8)
+
+
+def test_markov_background_fitted_on_the_chloroplast_keeps_its_gc(chloroplast_text, index_dir):
+    gc = sum(chloroplast_text.count(b) for b in "GC") / len(chloroplast_text)
+    background = MarkovBackground.from_fasta(CHLOROPLAST, order=3, index_dir=index_dir)
+    codes = background.sample(200_000, np.random.default_rng(0))
+    assert abs(np.isin(codes, [1, 2]).mean() - gc) < 0.01
+    # P(A | TTT) from overlapping counts (pseudocount 1 per cell), counted here independently
+    ttt = [sum(1 for i in range(len(chloroplast_text) - 3) if chloroplast_text.startswith("TTT" + b, i))
+           for b in "ACGT"]
+    assert background.transitions[0b111111, 0] == pytest.approx((ttt[0] + 1) / (sum(ttt) + 4))
+    dataset = SyntheticLongRangeDataset(20, 5_000, 1_000, seed=0, background=background)
+    sampled = torch.cat([dataset[i][0] for i in range(20)])
+    assert abs(torch.isin(sampled, torch.tensor([C_ID, G_ID])).float().mean().item() - gc) < 0.01
+
+
+def test_write_fasta_bed_round_trip(tmp_path):
+    dataset = SyntheticLongRangeDataset(6, 1_300, 1_000, seed=2)
+    write_fasta_bed(dataset, tmp_path / "s.fa", tmp_path / "s.bed")
+    reread = IntervalDataset(tmp_path / "s.fa", tmp_path / "s.bed", length=1_300, output="tokens")
+    for i in range(6):
+        tokens, label = dataset[i]
+        assert torch.equal(reread[i][0], tokens) and float(reread[i][1]) == float(label)
