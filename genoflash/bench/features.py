@@ -13,6 +13,7 @@ Cases (bf16, H=8 or 16, D=128 unless noted):
   alibi    ALiBi vs plain at N = 16k, H=16
   softcap  softcap 30 vs plain at N = 16k, H=16
   rope     fused RoPE (all 128 channels) vs plain at N = 16k (H=16) and 64k (H=8)
+  dropout  dropout 0.1 vs plain at N = 16k, H=16
 Results go to <out>/<gpu>-<date>-features.json.
 """
 
@@ -125,12 +126,15 @@ def run(cases: list[str]) -> list[dict]:
             cos, sin = rotary_tables(n, 128, device="cuda")
             results.append(fixed_case(f"plain H{h} N{n}", 1, n, h))
             results.append(fixed_case(f"rope H{h} N{n}", 1, n, h, rotary_cos=cos, rotary_sin=sin))
+    if "dropout" in cases:
+        results.append(fixed_case("plain H16 N16k", 1, 16384, 16))
+        results.append(fixed_case("dropout0.1 H16 N16k", 1, 16384, 16, dropout_p=0.1))
     return results
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench features", description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="window,varlen,dv,alibi,softcap")
+    parser.add_argument("--cases", default="window,varlen,dv,alibi,softcap,rope,dropout")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

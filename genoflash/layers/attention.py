@@ -38,6 +38,7 @@ class MultiHeadAttention(nn.Module):
         dim: model width. nheads query heads of head_dim (default dim // nheads) channels;
             nheads_k K/V heads (default nheads; fewer gives GQA/MQA).
         causal, window_size, softcap: as in `flash_attn_func`.
+        dropout: attention dropout probability, fused into the kernels; applied in training mode only.
         rotary: apply RoPE inside the kernels (default on) to the first rotary_dim channels of
             each head (default all), with `rotary_base`, `rotary_interpolation` (linear position
             interpolation) and `rotary_ntk_alpha` (NTK-aware base scaling) for length extrapolation.
@@ -47,13 +48,13 @@ class MultiHeadAttention(nn.Module):
                  causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                  rotary: bool = True, rotary_dim: int | None = None, rotary_base: float = 10000.0,
                  rotary_interpolation: float = 1.0, rotary_ntk_alpha: float = 1.0, rotary_interleaved: bool = False,
-                 bias: bool = False):
+                 dropout: float = 0.0, bias: bool = False):
         super().__init__()
         self.nheads, self.nheads_k = nheads, nheads_k or nheads
         self.head_dim = head_dim or dim // nheads
         if self.nheads % self.nheads_k:
             raise ValueError(f"nheads ({nheads}) must be divisible by nheads_k ({self.nheads_k})")
-        self.causal, self.window_size, self.softcap = causal, window_size, softcap
+        self.causal, self.window_size, self.softcap, self.dropout = causal, window_size, softcap, dropout
         self.rotary_interleaved = rotary_interleaved
         self.q_proj = nn.Linear(dim, self.nheads * self.head_dim, bias=bias)
         self.kv_proj = nn.Linear(dim, 2 * self.nheads_k * self.head_dim, bias=bias)
@@ -66,7 +67,8 @@ class MultiHeadAttention(nn.Module):
         lead = x.shape[:-1]
         q = self.q_proj(x).view(*lead, self.nheads, self.head_dim)
         k, v = self.kv_proj(x).view(*lead, 2, self.nheads_k, self.head_dim).unbind(-3)
-        kw = dict(causal=self.causal, window_size=self.window_size, softcap=self.softcap)
+        kw = dict(causal=self.causal, window_size=self.window_size, softcap=self.softcap,
+                  dropout_p=self.dropout if self.training else 0.0)
         if self.rotary is not None:
             length = max_seqlen if cu_seqlens is not None else x.shape[1]
             cos, sin = self.rotary(length, x.device)

@@ -9,6 +9,8 @@ import dataclasses
 
 import torch
 
+from .dropout import DropoutArgs
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionArgs:
@@ -28,6 +30,7 @@ class AttentionArgs:
     rotary_cos: torch.Tensor | None = None  # (seqlen_ro, rotary_dim / 2), contiguous
     rotary_sin: torch.Tensor | None = None
     rotary_interleaved: bool = False
+    dropout: DropoutArgs | None = None  # None: no dropout (p = 0 compiles without any dropout code)
 
     @property
     def rotary_dim(self) -> int:

@@ -25,7 +25,7 @@ from .block_info import _kv_block_range, _q_block_range
 from .configs import backward_config
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, seq_strides
-from .mask import _mask_scores
+from .mask import _dropout_keep, _mask_scores
 from .rotary import _apply_rotary, _rotary_partner, _store_unrotated
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
@@ -62,12 +62,14 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit
 def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                          start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
-                         softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
+                         softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
+                         dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                          BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                         ROTARY_INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                         ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
+                         INPUT_PRECISION: tl.constexpr):
     """Accumulate one key tile's dK (unscaled) and dV over query rows [lo, hi) of one head.
 
     Works in the transposed frame (keys down, queries across) so that dK and dV come out
@@ -101,8 +103,15 @@ def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
         if MASKED:
             sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         pT = tl.math.exp2(sT * qk_scale_log2 - lse2[None, :])
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        if HAS_DROPOUT:  # the forward's mask, regenerated: dV sees dropped P, dP flows through kept scores
+            keepT = tl.trans(_dropout_keep(dropout_seed, dropout_offset, bh, start_m + offs_m, start_n,
+                                           dropout_threshold, BLOCK_M, BLOCK_N))
+            dv = tl.dot(tl.where(keepT, pT * dropout_rescale, 0.0).to(do.dtype), do, dv,
+                        input_precision=INPUT_PRECISION)
+            dpT = tl.where(keepT, dpT * dropout_rescale, 0.0)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tanhT * tanhT)
@@ -122,11 +131,12 @@ def _attn_bwd_dkdv_kernel(
     stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
+    dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -164,24 +174,28 @@ def _attn_bwd_dkdv_kernel(
         slope_raw = 0.0
         if HAS_ALIBI:
             slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
+        bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
         dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
-                                      HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
+                                      dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
+                                      BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, INPUT_PRECISION)
         dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
-                                      HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
+                                      dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
+                                      BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       False, INPUT_PRECISION)
         dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot,
-                                      HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
+                                      dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
+                                      BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, INPUT_PRECISION)
 
     dk_ptr = _row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn)
@@ -197,12 +211,14 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit
 def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
                        seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                       slope_raw, COS, SIN, stride_rot,
+                       slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
+                       dropout_rescale,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                        BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                       ROTARY_INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                       ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
+                       INPUT_PRECISION: tl.constexpr):
     """Accumulate one query tile's dQ (unscaled) over key tiles [lo, hi)."""
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
@@ -228,6 +244,10 @@ def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride
             s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p = tl.math.exp2(s * qk_scale_log2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        if HAS_DROPOUT:
+            keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
+                                 dropout_threshold, BLOCK_M, BLOCK_N)
+            dp = tl.where(keep, dp * dropout_rescale, 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - tanh_s * tanh_s)
@@ -246,11 +266,12 @@ def _attn_bwd_dq_kernel(
     stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
+    dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
 ):
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
     q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
@@ -283,25 +304,29 @@ def _attn_bwd_dq_kernel(
     slope_raw = 0.0
     if HAS_ALIBI:
         slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
+    bh = off_b * nheads + off_h
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                            slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
+                            dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, True, INPUT_PRECISION)
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
     dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                            slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
+                            dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, False, INPUT_PRECISION)
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, False, INPUT_PRECISION)
     dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                            slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
+                            dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, True, INPUT_PRECISION)
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
     dq_ptr = _row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm)
     if ROTARY_DIM > 0:  # dq is w.r.t. the rotated queries; the transposed rotation maps it back
         _store_unrotated(dq_ptr, dq * softmax_scale, q_positions, offs_m, seqlen_q - start_m, stride_dqm, offs_d,

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .dropout import DropoutArgs, keep_mask
+
 # Work on score tiles of at most this many elements (batch * nheads * chunk_q * chunk_k).
 _TILE_ELEMENTS = 1 << 22
 
@@ -45,14 +47,31 @@ class _Scores:
     """Recomputes score tiles (softcap, ALiBi and the visibility mask included) for one
     (batch, seqlen_q, seqlen_k) problem; shared by the forward and the backward."""
 
-    def __init__(self, q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, acc_dtype):
+    def __init__(self, q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, acc_dtype,
+                 dropout: DropoutArgs | None = None, batch_offset: int = 0):
         self.seqlen_q, self.seqlen_k = q.shape[1], k.shape[1]
+        # Dropout stream index b * nheads + h of each (batch, kv head, group) of a grouped tile;
+        # batch_offset is the sequence index when a varlen batch is run one sequence at a time.
+        self.dropout = dropout
+        nheads = q.shape[2]
+        self.bh = (torch.arange(q.shape[0], device=q.device)[:, None] + batch_offset) * nheads + torch.arange(
+            nheads, device=q.device)[None, :]
+        self.bh = self.bh.reshape(q.shape[0], k.shape[2], nheads // k.shape[2], 1, 1)
         self.shift = self.seqlen_k - self.seqlen_q  # bottom-right alignment of positions
         self.left, self.right = window_size[0], 0 if causal else window_size[1]
         self.scale, self.softcap = softmax_scale, softcap
         # (1 or B, nheads_k, group, 1, 1), to broadcast over a tile.
         self.slopes = (None if alibi_slopes is None else
                        alibi_slopes.to(acc_dtype).reshape(-1, k.shape[2], q.shape[2] // k.shape[2], 1, 1))
+
+    def dropped(self, x, q0: int, k0: int):
+        """x (a probability tile or dP) with the kernels' dropout mask applied and kept entries rescaled."""
+        if self.dropout is None:
+            return x
+        rows = torch.arange(q0, q0 + x.shape[-2], device=x.device)[:, None]
+        cols = torch.arange(k0, k0 + x.shape[-1], device=x.device)[None, :]
+        keep = keep_mask(self.dropout, self.bh, rows, cols)
+        return torch.where(keep, x * self.dropout.rescale, 0.0)
 
     def key_range(self, q0: int, q1: int) -> range:
         """Keys [lo, hi) that at least one query of [q0, q1) may see: the rest are skipped."""
@@ -92,13 +111,15 @@ class _Scores:
 
 
 def attention_chunked_forward(q, k, v, softmax_scale: float, causal: bool, window_size=(-1, -1),
-                              softcap: float = 0.0, alibi_slopes=None):
+                              softcap: float = 0.0, alibi_slopes=None, dropout: DropoutArgs | None = None,
+                              batch_offset: int = 0):
     """q (B, Nq, H, D), k (B, Nk, Hk, D), v (B, Nk, Hk, Dv) -> out (B, Nq, H, Dv) in q's dtype,
     lse (B, H, Nq) float32."""
     B, Nq, H, _ = q.shape
     Nk, Hk, Dv = k.shape[1], k.shape[2], v.shape[-1]
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scores = _Scores(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, acc_dtype)
+    scores = _Scores(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, acc_dtype, dropout,
+                     batch_offset)
     qh, kh, vh = (_grouped(t, Hk) for t in (q, k, v))  # views, no copy; kh, vh have group 1
     out = torch.empty(B, Nq, H, Dv, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, Nq, device=q.device, dtype=torch.float32)
@@ -122,7 +143,9 @@ def attention_chunked_forward(q, k, v, softmax_scale: float, causal: bool, windo
             p = torch.exp(s - safe_max.unsqueeze(-1))
             rescale = torch.exp(row_max - safe_max)  # rescales earlier chunks to the new max
             row_sum = row_sum * rescale + p.sum(dim=-1)
-            acc = acc * rescale.unsqueeze(-1) + torch.matmul(_round(p, v.dtype), vh[..., k0:k1, :].to(acc_dtype))
+            # row_sum took the undropped p (the softmax's normaliser); only the output sees dropout.
+            acc = acc * rescale.unsqueeze(-1) + torch.matmul(_round(scores.dropped(p, q0, k0), v.dtype),
+                                                             vh[..., k0:k1, :].to(acc_dtype))
             row_max = new_max
         empty = row_sum == 0  # rows that saw no key: output 0, lse -inf
         out_g[..., q0:q1, :] = acc / row_sum.masked_fill(empty, 1.0).unsqueeze(-1)
@@ -131,12 +154,14 @@ def attention_chunked_forward(q, k, v, softmax_scale: float, causal: bool, windo
 
 
 def attention_chunked_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
-                               window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None):
+                               window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                               dropout: DropoutArgs | None = None, batch_offset: int = 0):
     """Gradients (dq, dk, dv), recomputing each score tile from q, k and the lse."""
     B, Nq, H, D = q.shape
     Nk, Hk = k.shape[1], k.shape[2]
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scores = _Scores(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, acc_dtype)
+    scores = _Scores(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, acc_dtype, dropout,
+                     batch_offset)
     qh, kh, vh, doh = (_grouped(t, Hk) for t in (q, k, v, dout))
     # delta_i = sum_d dO_id * O_id = sum_j P_ij dP_ij: the softmax-gradient correction term.
     delta = (dout.to(acc_dtype) * out.to(acc_dtype)).sum(-1, keepdim=True)  # (B, Nq, H, 1)
@@ -159,8 +184,9 @@ def attention_chunked_backward(dout, q, k, v, out, lse, softmax_scale: float, ca
             kc, vc = kh[..., k0:k1, :].to(acc_dtype), vh[..., k0:k1, :].to(acc_dtype)
             s, tanh = scores.tile(qc, kc, q0, k0)
             p = torch.exp(s - lse[..., q0:q1, None])
-            dv_g[..., k0:k1, :] += torch.matmul(_round(p, dout.dtype).transpose(-1, -2), doc).sum(2, keepdim=True)
-            dp = torch.matmul(doc, vc.transpose(-1, -2))
+            dv_g[..., k0:k1, :] += torch.matmul(_round(scores.dropped(p, q0, k0), dout.dtype).transpose(-1, -2),
+                                                doc).sum(2, keepdim=True)
+            dp = scores.dropped(torch.matmul(doc, vc.transpose(-1, -2)), q0, k0)
             ds = p * (dp - delta[..., q0:q1, None])
             if tanh is not None:
                 ds = ds * (1 - tanh * tanh)  # d(softcap * tanh(x / softcap)) / dx
@@ -176,7 +202,8 @@ def _alibi_of(alibi_slopes, b: int):
 
 
 def attention_chunked_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale: float, causal: bool,
-                                     window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None):
+                                     window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                                     dropout: DropoutArgs | None = None):
     """Packed q (total_q, H, D), k (total_k, Hk, D), v (total_k, Hk, Dv); sequence b is rows
     cu_seqlens[b]:cu_seqlens[b + 1]. -> out (total_q, H, Dv), lse (H, total_q) float32."""
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()  # one device sync, not one per sequence
@@ -186,13 +213,14 @@ def attention_chunked_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softma
     for b in range(len(cu_q) - 1):
         qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         o, ls = attention_chunked_forward(q[None, qs], k[None, ks], v[None, ks], softmax_scale, causal,
-                                         window_size, softcap, _alibi_of(alibi_slopes, b))
+                                         window_size, softcap, _alibi_of(alibi_slopes, b), dropout, b)
         out[qs], lse[:, qs] = o[0], ls[0]
     return out, lse
 
 
 def attention_chunked_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale: float,
-                                      causal: bool, window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None):
+                                      causal: bool, window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                                      dropout: DropoutArgs | None = None):
     """Gradients (dq, dk, dv) of attention_chunked_varlen_forward, sequence by sequence."""
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -200,6 +228,6 @@ def attention_chunked_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_
         qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         grads = attention_chunked_backward(dout[None, qs], q[None, qs], k[None, ks], v[None, ks], out[None, qs],
                                            lse[None, :, qs], softmax_scale, causal, window_size, softcap,
-                                           _alibi_of(alibi_slopes, b))
+                                           _alibi_of(alibi_slopes, b), dropout, b)
         dq[qs], dk[ks], dv[ks] = (g[0] for g in grads)
     return dq, dk, dv

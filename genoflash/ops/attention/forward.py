@@ -17,7 +17,7 @@ from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
-from .mask import _mask_scores
+from .mask import _dropout_keep, _mask_scores
 from .rotary import _apply_rotary, _rotary_partner
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
@@ -29,12 +29,14 @@ from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 @triton.jit
 def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                    slope_raw, COS, SIN, stride_rot,
+                    slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
+                    dropout_rescale,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                    ROTARY_INTERLEAVED: tl.constexpr, MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                    ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr):
     """Stream key tiles [lo, hi) into the running state of one query tile.
 
     Invariant after each tile: acc is un-normalised (acc / l_i is the output over the keys
@@ -62,6 +64,10 @@ def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, star
         if MASKED:
             s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, MASKED)
+        if HAS_DROPOUT:  # after the update: l_i sums the undropped probabilities, as softmax does
+            keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
+                                 dropout_threshold, BLOCK_M, BLOCK_N)
+            p = tl.where(keep, p * dropout_rescale, 0.0)
         v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
                        offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
@@ -78,11 +84,12 @@ def _attn_fwd_kernel(
     stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
+    dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
 ):
     # HEAVY_LAST (causal): query tiles late in the sequence see the most keys; launch them first.
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
@@ -108,6 +115,7 @@ def _attn_fwd_kernel(
     slope_raw = 0.0
     if HAS_ALIBI:
         slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
+    bh = off_b * nheads + off_h  # the dropout stream of this (sequence, head)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -118,21 +126,25 @@ def _attn_fwd_kernel(
     # Left edge of a sliding window: masked.
     acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
-                                    softcap_out, slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
+                                    softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
+                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, True, INPUT_PRECISION)
+                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
     # Whole tiles where every score is visible: no mask work.
     acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo,
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
-                                    softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D,
+                                    softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
+                                    dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_D,
                                     HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                    HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, False, INPUT_PRECISION)
+                                    HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, False,
+                                    INPUT_PRECISION)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
     acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
-                                    softcap_out, slope_raw, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
+                                    softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
+                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, True, INPUT_PRECISION)
+                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
 
     out, lse = _finalize_softmax(acc, m_i, l_i)
     _store_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), q_start + start_m, stride_om), out,
@@ -170,14 +182,16 @@ def feature_args(q: torch.Tensor, a: AttentionArgs) -> tuple[list, dict]:
     """Runtime scalars and constexpr switches shared by the forward and backward kernels."""
     scale = a.softmax_scale
     alibi = a.alibi_slopes
+    d = a.dropout
     scalars = [scale * LOG2E_HOST, a.window_left, a.window_right,
                scale / a.softcap if a.softcap > 0 else 0.0, a.softcap / scale if a.softcap > 0 else 0.0,
-               1.0 / scale]
+               1.0 / scale, d.seed if d else 0, d.offset if d else 0, d.threshold if d else 0,
+               d.rescale if d else 1.0]
     constexprs = dict(
         IS_VARLEN=a.varlen, HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0,
         HAS_SOFTCAP=a.softcap > 0, HAS_ALIBI=alibi is not None,
         FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(),
-        ROTARY_DIM=a.rotary_dim, ROTARY_INTERLEAVED=a.rotary_interleaved,
+        ROTARY_DIM=a.rotary_dim, ROTARY_INTERLEAVED=a.rotary_interleaved, HAS_DROPOUT=d is not None,
         INPUT_PRECISION=input_precision(q.dtype),
     )
     return scalars, constexprs

@@ -14,6 +14,7 @@ from ...backends import select_backend, triton_interpreted
 from ...rotary import apply_rotary
 from . import chunked, reference
 from .args import AttentionArgs
+from .dropout import DropoutArgs, draw_seed_and_offset
 
 MAX_HEADDIM = 256
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -154,6 +155,22 @@ def _check_rotary(cos, sin, interleaved, headdim: int, lengths_q: list[int], len
     return cos.contiguous(), sin.contiguous()
 
 
+def _check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
+    """None for p = 0 (the kernels then compile without any dropout code)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p == 0.0:
+        return None
+    if seed is None:
+        seed, offset = draw_seed_and_offset()
+    for name, value, limit in (("dropout_seed", seed, 2**63), ("dropout_offset", offset, 2**31)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+            raise ValueError(f"{name} must be an int in [0, {limit}), got {value!r}")
+    return DropoutArgs(float(dropout_p), seed, offset)
+
+
 def _check_triton_device(q: torch.Tensor) -> None:
     if q.dtype not in _TRITON_DTYPES:
         raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {q.dtype}")
@@ -174,7 +191,7 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 def _torch_kwargs(a: AttentionArgs) -> dict:
     """AttentionArgs -> the keyword arguments of the torch and reference backends."""
     return dict(causal=False, window_size=(a.window_left, a.window_right), softcap=a.softcap,
-                alibi_slopes=a.alibi_slopes)
+                alibi_slopes=a.alibi_slopes, dropout=a.dropout)
 
 
 def _varlen_sequences(a: AttentionArgs):
@@ -239,7 +256,14 @@ class FlashAttnFunc(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def _run(q, k, v, args: AttentionArgs, return_lse: bool):
+def _run(q, k, v, args: AttentionArgs, return_lse: bool, return_attn_probs: bool):
+    out, lse = _attend(q, k, v, args)
+    if return_attn_probs:  # flash-attn's testing output (out, lse, S_dmask); the probabilities are not kept
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+def _attend(q, k, v, args: AttentionArgs):
     backend = select_backend(q.device)
     if backend == "reference":
         q, k = _rotate_qk(q, k, args)
@@ -249,11 +273,10 @@ def _run(q, k, v, args: AttentionArgs, return_lse: bool):
                                                             args.softmax_scale, **kw)
         else:
             out, lse = reference.attention_reference(q, k, v, args.softmax_scale, **kw)
-        return (out, lse.detach()) if return_lse else out
+        return out, lse.detach()
     if backend == "triton":
         _check_triton_device(q)
-    out, lse = FlashAttnFunc.apply(q, k, v, args, backend)
-    return (out, lse) if return_lse else out
+    return FlashAttnFunc.apply(q, k, v, args, backend)
 
 
 # ---------------------------------------------------------------- public functions
@@ -262,23 +285,34 @@ def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
     rotary_cos: torch.Tensor | None = None,
     rotary_sin: torch.Tensor | None = None,
     rotary_interleaved: bool = False,
-    return_lse: bool = False,
-    deterministic: bool = True,
+    dropout_seed: int | None = None,
+    dropout_offset: int = 0,
 ):
     """Exact attention with O(N) memory.
+
+    The positional order is flash-attn's (q, k, v, dropout_p, softmax_scale, causal, window_size,
+    softcap, alibi_slopes, deterministic, return_attn_probs); genoflash's own arguments are
+    keyword-only.
 
     Args:
         q: (batch, seqlen_q, nheads, headdim).
         k: (batch, seqlen_k, nheads_k, headdim); nheads_k divides nheads (GQA/MQA).
         v: (batch, seqlen_k, nheads_k, headdim_v); headdim_v may differ from headdim.
+        dropout_p: in [0, 1). Attention probabilities are dropped with a Philox stream made inside
+            the kernels (dropout.py) and regenerated in the backward; no mask is stored.
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal: bottom-right aligned (flash-attn >= 2.1): query i sees keys
             j <= i + seqlen_k - seqlen_q. A query that sees no key gets output 0, lse -inf.
@@ -290,9 +324,13 @@ def flash_attn_func(
             `genoflash.rotary_tables`; q and k are rotated inside the kernels (key j at position j,
             query i at i + seqlen_k - seqlen_q), the first rotary_dim channels of each head.
         rotary_interleaved: GPT-J pairs (2m, 2m+1) instead of NeoX halves (m, m + rotary_dim/2).
-        return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
         deterministic: accepted for flash-attn compatibility. Every genoflash backward is
             deterministic (no atomics), so two backward passes are bitwise equal either way.
+        return_attn_probs: flash-attn's testing output: returns (out, lse, None); the attention
+            probabilities themselves are never materialised.
+        return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
+        dropout_seed, dropout_offset: the Philox key and counter offset; by default both are drawn
+            from torch's default generator, so `torch.manual_seed` reproduces a run.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or (out, lse) when return_lse.
@@ -304,8 +342,9 @@ def flash_attn_func(
     args = AttentionArgs(
         softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
         softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device),
-        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved)
-    return _run(q, k, v, args, return_lse)
+        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved,
+        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset))
+    return _run(q, k, v, args, return_lse, return_attn_probs)
 
 
 def flash_attn_varlen_func(
@@ -316,16 +355,21 @@ def flash_attn_varlen_func(
     cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
+    dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
     rotary_cos: torch.Tensor | None = None,
     rotary_sin: torch.Tensor | None = None,
     rotary_interleaved: bool = False,
-    return_lse: bool = False,
-    deterministic: bool = True,
+    dropout_seed: int | None = None,
+    dropout_offset: int = 0,
 ):
     """Attention over a packed batch of variable-length sequences (flash-attn's varlen layout).
 
@@ -348,5 +392,6 @@ def flash_attn_varlen_func(
         softcap=_check_softcap(softcap),
         alibi_slopes=_check_alibi(alibi_slopes, len(lengths_q), q.shape[1], q.device),
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved)
-    return _run(q, k, v, args, return_lse)
+        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved,
+        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset))
+    return _run(q, k, v, args, return_lse, return_attn_probs)

@@ -1,4 +1,4 @@
-"""Score masking for the tiles that straddle a boundary (see block_info.py).
+"""Score masking for the tiles that straddle a boundary (see block_info.py), and dropout's keep mask.
 
 Masked scores become -inf, so their probabilities are exactly 0 after exp2.
 Row and column indices come in already broadcast ((M, 1) and (1, N), or transposed),
@@ -27,3 +27,18 @@ def _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, H
                  HAS_RIGHT: tl.constexpr):
     return tl.where(_visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT),
                     s, float("-inf"))
+
+
+@triton.jit
+def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Dropout keep mask (BLOCK_M, BLOCK_N) for query rows `rows` (BLOCK_M,) and keys start_n ..
+    start_n + BLOCK_N. The bits are defined in dropout.py, whose PyTorch Philox matches these."""
+    groups = (start_n // 4 + tl.arange(0, BLOCK_N // 4))[None, :]
+    c0 = (groups + 0 * rows[:, None]).to(tl.uint32)
+    c1 = (rows[:, None] + 0 * groups).to(tl.uint32)
+    zero = tl.zeros_like(c0)
+    w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero + offset)
+    # tl.join(x, y) stacks along a new last axis, so join(join(w0, w2), join(w1, w3)) holds word
+    # 2a + b at [..., a, b], and the row-major reshape gives key 4g + w word w.
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N))
+    return (words >> 8).to(tl.int32) >= threshold

@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from .dropout import DropoutArgs, keep_mask
+
 
 def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool = False, device=None,
                    window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor | None:
@@ -45,6 +47,8 @@ def attention_reference(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    dropout: DropoutArgs | None = None,
+    batch_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out, lse), lse (batch, nheads, seqlen_q) in natural log. Differentiable
     through plain torch autograd.
@@ -75,6 +79,12 @@ def attention_reference(
     lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
     # exp(s - lse) is the softmax; rows with lse = -inf would give NaN, so zero them.
     probs = torch.exp(scores - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
+    if dropout is not None:  # the kernels' Philox mask (dropout.py); lse stays that of the full softmax
+        bh = (torch.arange(batch, device=q.device)[:, None] + batch_offset) * nheads + torch.arange(nheads,
+                                                                                                  device=q.device)
+        keep = keep_mask(dropout, bh[:, :, None, None], torch.arange(seqlen_q, device=q.device)[:, None],
+                         torch.arange(seqlen_k, device=q.device)[None, :])
+        probs = torch.where(keep, probs * dropout.rescale, 0.0)
     probs = probs.to(v.dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     return out, lse  # float32 (float64 for float64 inputs)
@@ -91,6 +101,7 @@ def attention_reference_varlen(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    dropout: DropoutArgs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences: q (total_q, nheads, headdim), k/v (total_k, nheads_k, ...), sequence b
     being rows cu_seqlens[b]:cu_seqlens[b + 1]. Each sequence is attended on its own (the
@@ -102,7 +113,7 @@ def attention_reference_varlen(
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         out, lse = attention_reference(
             q[cu_q[b]:cu_q[b + 1]][None], k[cu_k[b]:cu_k[b + 1]][None], v[cu_k[b]:cu_k[b + 1]][None],
-            softmax_scale, causal, window_size, softcap, slopes)
+            softmax_scale, causal, window_size, softcap, slopes, dropout, b)
         outs.append(out[0])
         lses.append(lse[0])
     return torch.cat(outs), torch.cat(lses, dim=-1)

@@ -1,0 +1,84 @@
+"""Attention dropout from a counter-based Philox stream: generated inside the kernels, never stored.
+
+The keep decision for score (b, h, i, j) (b the batch element, or the sequence index in a
+varlen batch; i, j positions inside the sequence) is a pure function of
+(seed, offset, b * nheads + h, i, j):
+    words = Philox4x32-10(key = seed, counter = (j // 4, i, b * nheads + h, offset))
+    keep  = (words[j % 4] >> 8) >= round(p * 2^24)
+One Philox call serves four neighbouring keys. The backward regenerates the same bits, so
+no mask is kept; `dropout_mask` materialises it for tests and debugging, bit for bit.
+This module is the PyTorch side (no triton); the kernels' twin is `mask._dropout_keep`.
+Kept probabilities are scaled by 1 / (1 - p); the log-sum-exp is that of the undropped softmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+_M32 = 0xFFFFFFFF
+# Philox4x32 constants (Salmon et al., 2011), as triton.language.philox uses them.
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+
+
+@dataclasses.dataclass(frozen=True)
+class DropoutArgs:
+    p: float
+    seed: int  # 0 <= seed < 2^63
+    offset: int  # 0 <= offset < 2^31 (a uint32 counter, kept in int32 range for kernel arguments)
+
+    @property
+    def threshold(self) -> int:
+        """24-bit threshold: a score is dropped when its 24 random bits fall below it."""
+        return round(self.p * (1 << 24))
+
+    @property
+    def rescale(self) -> float:
+        return 1.0 / (1.0 - self.p)
+
+
+def draw_seed_and_offset() -> tuple[int, int]:
+    """From torch's default generator, so `torch.manual_seed` reproduces a run."""
+    seed, offset = torch.randint(0, 2**62, (2,), dtype=torch.int64).tolist()
+    return seed, offset & 0x7FFFFFFF
+
+
+def _mulhilo(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32 bits of a * b for uint32 values held in int64 (16-bit limbs, no overflow)."""
+    ah, al, bh, bl = a >> 16, a & 0xFFFF, b >> 16, b & 0xFFFF
+    t = al * bl
+    mid = ah * bl + al * bh + (t >> 16)
+    return ah * bh + (mid >> 16), ((mid & 0xFFFF) << 16) | (t & 0xFFFF)
+
+
+def philox4x32(seed: int, c0, c1, c2, c3, rounds: int = 10):
+    """Philox4x32 in PyTorch, bit-identical to triton.language.philox for uint32 counters."""
+    k0, k1 = seed & _M32, (seed >> 32) & _M32
+    for _ in range(rounds):
+        hi_b, lo_b = _mulhilo(c2, _ROUND_B)
+        hi_a, lo_a = _mulhilo(c0, _ROUND_A)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
+    return c0, c1, c2, c3
+
+
+def keep_mask(d: DropoutArgs, bh: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The kernels' keep decision for broadcastable int64 tensors of (b*nheads + h), i and j."""
+    words = philox4x32(d.seed, cols // 4, rows, bh, torch.full_like(cols, d.offset))
+    word = torch.stack(torch.broadcast_tensors(*words), dim=-1)
+    word = word.gather(-1, torch.broadcast_to(cols % 4, word.shape[:-1]).unsqueeze(-1))[..., 0]
+    return (word >> 8) >= d.threshold
+
+
+def dropout_mask(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float, seed: int,
+                 offset: int = 0, device=None) -> torch.Tensor:
+    """The exact keep mask the kernels use, (batch, nheads, seqlen_q, seqlen_k) bool; True = kept.
+
+    For a varlen batch, sequence b's mask is dropout_mask(b + 1, ...)[b] cut to its lengths."""
+    d = DropoutArgs(dropout_p, seed, offset)
+    bh = torch.arange(batch * nheads, device=device).view(batch, nheads, 1, 1)
+    rows = torch.arange(seqlen_q, device=device).view(1, 1, -1, 1)
+    cols = torch.arange(seqlen_k, device=device).view(1, 1, 1, -1)
+    return keep_mask(d, bh, rows, cols)

@@ -1,0 +1,142 @@
+"""Dropout fused into the attention kernels: the in-kernel Philox mask, its gradients, and its statistics."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import genoflash
+from genoflash.ops.attention.dropout import DropoutArgs
+from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
+from genoflash.rotary import apply_rotary, rotary_tables
+
+from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
+from .conftest import HAS_CUDA
+
+BACKENDS = ["triton", "torch"]
+DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
+
+pytestmark = pytest.mark.usefixtures("poison_allocations")
+
+
+def qkvd(shape_q, shape_k, device, dtype=DTYPE):
+    q = torch.randn(shape_q, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(shape_k, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    return q, k, v, torch.randn(shape_q, device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_matches_reference_with_the_same_mask(backend, causal, p, device):
+    """Forward and gradients equal standard attention with the materialised Philox mask."""
+    torch.manual_seed(40)
+    q, k, v, dout = qkvd((2, 77, 4, 32), (2, 93, 2, 32), device)
+    seed, offset = 2**40 + 17, 12345
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
+            a, b, c, p, causal=causal, dropout_seed=seed, dropout_offset=offset), q, k, v, dout)
+    d = DropoutArgs(p, seed, offset)
+    truth, same = reference_pair(q, k, v, dout, fn=lambda a, b, c: attention_reference(
+        a, b, c, causal=causal, dropout=d)[0])
+    assert_within_rule(got, truth, same)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_dropout_window_varlen_together(backend, device):
+    torch.manual_seed(41)
+    lens = [1, 17, 90, 5]
+    cu_s = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+    q, k, v, dout = qkvd((sum(lens), 2, 32), (sum(lens), 2, 32), device)
+    cos, sin = rotary_tables(90, 32, device=device)
+    d = DropoutArgs(0.2, 99, 7)
+    kw = dict(causal=True, window_size=(20, -1))
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(
+            a, b, c, cu_s, cu_s, 90, 90, 0.2, rotary_cos=cos, rotary_sin=sin, dropout_seed=99, dropout_offset=7,
+            **kw), q, k, v, dout)
+
+    def rotated_then_reference(a, b, c):
+        bounds = cu_s.tolist()
+        rot = [(apply_rotary(a[None, s:e], cos, sin)[0], apply_rotary(b[None, s:e], cos, sin)[0])
+               for s, e in zip(bounds, bounds[1:])]
+        return attention_reference_varlen(torch.cat([r[0] for r in rot]), torch.cat([r[1] for r in rot]), c, cu_s,
+                                          cu_s, dropout=d, **kw)[0]
+
+    truth, same = reference_pair(q, k, v, dout, fn=rotated_then_reference)
+    assert_within_rule(got, truth, same)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeds(backend, device):
+    """Same seed: bitwise the same. Another seed: another mask. No seed: torch's generator decides."""
+    torch.manual_seed(42)
+    q, k, v, _ = qkvd((1, 64, 2, 16), (1, 64, 2, 16), device)
+    with genoflash.use_backend(backend):
+        def run(**kw):
+            return genoflash.flash_attn_func(q, k, v, 0.3, **kw)
+        assert torch.equal(run(dropout_seed=5), run(dropout_seed=5))
+        assert not torch.equal(run(dropout_seed=5), run(dropout_seed=6))
+        assert not torch.equal(run(dropout_seed=5), run(dropout_seed=5, dropout_offset=1))
+        torch.manual_seed(123)
+        first = run()
+        torch.manual_seed(123)
+        assert torch.equal(first, run())
+        assert not torch.equal(first, run())  # the generator moved on
+
+
+def test_p_zero_is_exactly_no_dropout(device):
+    torch.manual_seed(43)
+    q, k, v, _ = qkvd((1, 50, 2, 16), (1, 50, 2, 16), device)
+    with genoflash.use_backend("triton"):
+        assert torch.equal(genoflash.flash_attn_func(q, k, v, 0.0, causal=True),
+                           genoflash.flash_attn_func(q, k, v, causal=True))
+
+
+def test_keep_rate_matches_one_minus_p():
+    for p in (0.1, 0.5, 0.9):
+        keep = genoflash.dropout_mask(4, 8, 256, 256, p, seed=2024)
+        assert keep.dtype == torch.bool and keep.shape == (4, 8, 256, 256)
+        assert abs(keep.float().mean().item() - (1 - p)) < 0.003  # 2M draws: sd ~ 3e-4
+
+
+def test_mean_over_seeds_converges_to_no_dropout(device):
+    """E[dropout attention] = attention: the average over seeds approaches it like 1/sqrt(K)."""
+    torch.manual_seed(44)
+    q, k, v, _ = qkvd((1, 32, 1, 16), (1, 32, 1, 16), device, dtype=torch.float32)
+    with genoflash.use_backend("triton"):
+        exact = genoflash.flash_attn_func(q, k, v)
+        samples = torch.stack([genoflash.flash_attn_func(q, k, v, 0.5, dropout_seed=s) for s in range(64)])
+    single = (samples[0] - exact).abs().mean()
+    averaged = (samples.mean(0) - exact).abs().mean()
+    assert averaged < 0.25 * single  # 1/sqrt(64) = 0.125 expected
+
+
+def test_kernel_mask_is_the_debug_mask(device):
+    """With v = identity rows and no softmax spread (one visible key per query: window (0, 0)),
+    out = P_dropped V exposes the kernel's keep decision on the diagonal directly."""
+    n, p = 64, 0.4
+    q = torch.randn(1, n, 2, 16, device=device)
+    v = torch.ones(1, n, 2, 16, device=device)
+    with genoflash.use_backend("triton"):
+        out = genoflash.flash_attn_func(q, q, v, p, window_size=(0, 0), dropout_seed=77, dropout_offset=3)
+    kept = out[0, :, :, 0].T > 0  # (nheads, n): kept -> 1 / (1 - p), dropped -> 0
+    mask = genoflash.dropout_mask(1, 2, n, n, p, seed=77, offset=3, device=device)[0]
+    assert torch.equal(kept, mask.diagonal(dim1=-2, dim2=-1))
+
+
+@pytest.mark.parametrize("p,error", [(-0.1, ValueError), (1.0, ValueError), ("0.1", TypeError), (True, TypeError)])
+def test_bad_dropout_p(p, error):
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(error, match="dropout_p"):
+        genoflash.flash_attn_func(q, q, q, p)
+
+
+def test_bad_dropout_seed():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="dropout_seed"):
+        genoflash.flash_attn_func(q, q, q, 0.1, dropout_seed=-1)
+    with pytest.raises(ValueError, match="dropout_offset"):
+        genoflash.flash_attn_func(q, q, q, 0.1, dropout_seed=1, dropout_offset=2**31)
