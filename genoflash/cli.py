@@ -2,7 +2,9 @@
 
     genoflash example            attention over a DNA-length sequence: genoflash vs standard attention
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
-    genoflash bench features     what windows, varlen, ALiBi, softcap and Dv != D cost (GPU)
+    genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
+    genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
+    genoflash scale attention    million-token attention, checked on sampled rows (GPU)
 """
 
 from __future__ import annotations
@@ -18,16 +20,23 @@ def _example(argv):
 
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
-    parser.add_argument("what", choices=["attention", "features"])
+    parser.add_argument("what", choices=["attention", "features", "memory"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
-    else:
+    elif args.what == "features":
         from .bench.features import main
+    else:
+        from .bench.memory import main
     return main(rest)
 
 
-COMMANDS = {"example": _example, "bench": _bench}
+def _scale(argv):
+    from .bench.scale import main
+    return main(argv)
+
+
+COMMANDS = {"example": _example, "bench": _bench, "scale": _scale}
 
 
 def main(argv=None) -> int:

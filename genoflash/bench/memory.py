@@ -1,0 +1,155 @@
+"""`genoflash bench memory`: peak GPU memory against sequence length, O(N) shown by measurement.
+
+For each provider (genoflash, standard attention = the `reference` backend, SDPA's flash and
+cuDNN backends) and each N = 1k, 2k, ... up to --max-seqlen, one forward and one
+forward+backward run at B=1, H=8, D=128 in bf16; the peak is torch.cuda.max_memory_allocated
+with the inputs (q, k, v and the upstream gradient) already allocated, so it counts them.
+A provider stops at its first out-of-memory. Alongside, the floor: the bytes that the inputs,
+the output, the three gradients and the LSE must occupy. genoflash's fwd+bwd peak is compared
+with it (the bar: within 5%).
+
+Writes <out>/<gpu>-<date>-memory.json and a log-log plot <same>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import flash_attn_func, use_backend
+
+NHEADS, HEADDIM = 8, 128
+
+
+def floor_bytes(seqlen: int, mode: str) -> int:
+    """What any exact attention must hold: q, k, v, dout (inputs), out, and for fwd+bwd dq, dk, dv;
+    plus the fp32 LSE (one float per query row and head)."""
+    tensor = seqlen * NHEADS * HEADDIM * 2
+    tensors = 5 if mode == "fwd" else 8
+    return tensors * tensor + seqlen * NHEADS * 4
+
+
+def _providers():
+    def genoflash(q, k, v):
+        return flash_attn_func(q, k, v)
+
+    def standard(q, k, v):
+        with use_backend("reference"):
+            return flash_attn_func(q, k, v)
+
+    def sdpa(backend):
+        def fn(q, k, v):
+            from torch.nn.attention import sdpa_kernel
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+        return fn
+
+    from torch.nn.attention import SDPBackend
+    return {"genoflash": genoflash, "standard": standard, "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+            "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+
+
+def peak_gib(fn, seqlen: int, mode: str) -> float | str:
+    """Peak allocated GiB of one call (inputs included), or the reason it could not run."""
+    torch.cuda.empty_cache()
+    try:
+        q, k, v, dout = (torch.randn(1, seqlen, NHEADS, HEADDIM, device="cuda", dtype=torch.bfloat16,
+                                     requires_grad=i < 3) for i in range(4))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn(q, k, v)
+        if mode == "fwd_bwd":
+            torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**30
+    except torch.cuda.OutOfMemoryError:
+        return "out of memory"
+    except RuntimeError as e:  # e.g. a backend with no kernel for this size
+        return f"error: {str(e).splitlines()[0][:120]}"
+    finally:
+        torch.cuda.empty_cache()
+
+
+def run(max_seqlen: int, providers: list[str]) -> dict:
+    fns = _providers()
+    seqlens = [1 << p for p in range(10, max_seqlen.bit_length()) if (1 << p) <= max_seqlen]
+    results = {name: {"fwd": {}, "fwd_bwd": {}} for name in providers}
+    for name in providers:
+        for mode in ("fwd", "fwd_bwd"):
+            for n in seqlens:
+                peak = peak_gib(fns[name], n, mode)
+                results[name][mode][n] = peak
+                shown = f"{peak:8.2f} GiB" if isinstance(peak, float) else peak
+                print(f"{name:<12} {mode:<8} N={n:>9,}  {shown}", flush=True)
+                if not isinstance(peak, float):
+                    break  # longer sequences will not fit either
+    floor = {mode: {n: floor_bytes(n, mode) / 2**30 for n in seqlens} for mode in ("fwd", "fwd_bwd")}
+    ratios = {n: p / floor["fwd_bwd"][n] for n, p in results.get("genoflash", {}).get("fwd_bwd", {}).items()
+              if isinstance(p, float)}
+    return {"seqlens": seqlens, "results": results, "floor_gib": floor, "genoflash_fwd_bwd_over_floor": ratios}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for i, (name, modes) in enumerate(report["results"].items()):
+        for mode, style in (("fwd_bwd", "-"), ("fwd", "--")):
+            points = [(int(n), p) for n, p in modes[mode].items() if isinstance(p, float)]
+            if points:
+                ax.plot(*zip(*points), style, marker="o", color=f"C{i}", label=f"{name} {mode.replace('_', '+')}")
+    floor = report["floor_gib"]["fwd_bwd"]
+    ax.plot([int(n) for n in floor], list(floor.values()), ":", color="black", label="floor fwd+bwd (I/O + LSE)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N (B=1, H=8, D=128, bf16)")
+    ax.set_ylabel("peak GPU memory (GiB)")
+    meta = report["metadata"]
+    ax.set_title(f"peak memory on {meta['device']} ({meta['date'][:10]}, {meta['git_commit'][:8]})", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="genoflash bench memory", description=__doc__.splitlines()[0])
+    parser.add_argument("--max-seqlen", type=int, default=1 << 20)
+    parser.add_argument("--providers", default="genoflash,standard,sdpa-flash,sdpa-cudnn")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("genoflash bench memory measures GPU memory and needs a CUDA GPU", flush=True)
+        return 2
+    providers = [p.strip() for p in args.providers.split(",")]
+    unknown = set(providers) - set(_providers())
+    if unknown:
+        raise SystemExit(f"unknown provider(s): {', '.join(sorted(unknown))}")
+    report = run(args.max_seqlen, providers)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    import triton
+    report["metadata"] = {
+        "device": torch.cuda.get_device_name(), "date": now.isoformat(timespec="seconds"),
+        "git_commit": os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown",
+        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "method": "torch.cuda.max_memory_allocated over one call, inputs (q, k, v, dout) included; bf16, B1 H8 D128",
+    }
+    slug = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{slug}-{now:%Y-%m-%d}-memory"
+    Path(f"{stem}.json").write_text(json.dumps(report, indent=1))
+    plot(report, Path(f"{stem}.png"))
+    worst = max(report["genoflash_fwd_bwd_over_floor"].values(), default=float("nan"))
+    print(f"genoflash fwd+bwd peak / floor: worst {worst:.3f} (bar: <= 1.05); wrote {stem}.json and .png", flush=True)
+    return 0

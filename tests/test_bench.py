@@ -1,0 +1,70 @@
+"""The benchmark commands' CPU-checkable parts: FLOP and byte accounting, plots, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from genoflash.bench import features, memory
+from genoflash.cli import main
+
+
+def brute_force_pairs(nq, nk, causal, window):
+    left, right = window[0], 0 if causal else window[1]
+    shift = nk - nq
+    return sum(1 for i in range(nq) for j in range(nk)
+               if (left < 0 or j >= i + shift - left) and (right < 0 or j <= i + shift + right))
+
+
+@pytest.mark.parametrize("nq,nk,causal,window", [(10, 10, False, (2, 2)), (5, 8, True, (-1, -1)),
+                                                  (8, 5, True, (-1, -1)), (30, 40, False, (3, -1)),
+                                                  (40, 30, True, (7, 0)), (17, 17, False, (-1, -1))])
+def test_visible_pairs_counts_the_mask(nq, nk, causal, window):
+    assert features.visible_pairs(nq, nk, causal, window) == brute_force_pairs(nq, nk, causal, window)
+
+
+def test_mixed_lengths_add_up():
+    lengths = features.mixed_lengths(65536, seed=3)
+    assert sum(lengths) == 65536 and all(1 <= n <= 32768 for n in lengths)
+
+
+def test_memory_floor_and_plot(tmp_path):
+    assert memory.floor_bytes(1024, "fwd_bwd") == 8 * 1024 * 8 * 128 * 2 + 1024 * 8 * 4
+    report = {"seqlens": [1024, 2048], "results": {"genoflash": {"fwd": {1024: 0.1, 2048: 0.2},
+                                                                 "fwd_bwd": {1024: 0.2, 2048: "out of memory"}}},
+              "floor_gib": {m: {n: memory.floor_bytes(n, m) / 2**30 for n in (1024, 2048)}
+                            for m in ("fwd", "fwd_bwd")},
+              "metadata": {"device": "test", "date": "2026-11-29", "git_commit": "abc"}}
+    memory.plot(report, tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 1000
+    json.dumps(report)
+
+
+def test_gpu_benchmarks_say_they_need_a_gpu(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    assert main(["bench", "memory"]) == 2 and main(["bench", "features"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sampled_rows_attention_is_exact(causal):
+    """The streaming sampled-row reference used at million-token scale equals standard attention."""
+    import torch
+
+    from genoflash.bench.scale import sampled_rows_attention
+    from genoflash.ops.attention.reference import attention_reference
+
+    torch.manual_seed(50)
+    q = torch.randn(1, 40, 2, 16, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 70, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    rows = torch.tensor([0, 5, 17, 39])
+    got = sampled_rows_attention(q[:, rows], rows, k, v, 40, causal, 0.25, chunk=16)
+    ref = attention_reference(q, k, v, 0.25, causal)[0][:, rows]
+    torch.testing.assert_close(got, ref)
+    g = torch.autograd.grad(got.sum(), (q, k, v))
+    r = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, b in zip(g, r):
+        torch.testing.assert_close(a, b)
