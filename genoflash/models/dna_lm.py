@@ -1,0 +1,165 @@
+"""A DNA language model: single-nucleotide tokens, pre-norm blocks of a sequence mixer + SwiGLU.
+
+Causal (next-base prediction, as HyenaDNA and Evo) or bidirectional (masked LM, as
+DNABERT and Caduceus). The mixer is genoflash attention with RoPE fused into the
+kernels; `layer_pattern` interleaves sliding-window local layers (L) with global ones
+(G), so most layers cost O(N x window) at genomic lengths.
+
+Mixers come from the `MIXERS` registry (name -> factory). Only attention exists now;
+Hyena and Mamba plug in there when their operators land in `genoflash/ops`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..data import IGNORE_INDEX, VOCAB_SIZE
+from ..layers import MultiHeadAttention
+from .blocks import PreNormBlock, RMSNorm, swiglu_hidden
+
+LAYER_LETTERS = {"L": "sliding-window local attention", "G": "global (full) attention"}
+
+
+@dataclass
+class DNALMConfig:
+    """Shape and behaviour of a DNALM; saved as config.json by `save_pretrained`.
+
+    Attributes:
+        vocab_size: token ids the embedding and LM head cover (the tokenizer's 9).
+        dim, depth, nheads: width, number of blocks, query heads (head_dim = dim // nheads).
+        nheads_k: K/V heads (fewer than nheads gives GQA/MQA); None means nheads.
+        ffn_mult: SwiGLU hidden width is ffn_mult * dim, rounded up to a multiple of 64.
+        causal: True for a causal LM (position i sees 0..i), False for a masked LM.
+        rotary_base, rotary_interpolation: RoPE base and linear position interpolation.
+        attn_dropout: dropout on the attention probabilities (training only), fused.
+        window_size: how far (in tokens) a local layer's query sees, on each side it may look.
+        layer_pattern: one letter per layer, L (local) or G (global), repeated to `depth`:
+            "LLLG" with depth 8 gives LLLGLLLG. Its length must divide depth.
+        mixer: the sequence mixer, a key of MIXERS ("hyena" and "mamba" are planned).
+        gradient_checkpointing: recompute each block in the backward instead of storing
+            its activations (training only).
+        tie_embeddings: the LM head shares the embedding matrix.
+    """
+
+    vocab_size: int = VOCAB_SIZE
+    dim: int = 256
+    depth: int = 8
+    nheads: int = 8
+    nheads_k: int | None = None
+    ffn_mult: float = 8 / 3
+    causal: bool = True
+    rotary_base: float = 10000.0
+    rotary_interpolation: float = 1.0
+    attn_dropout: float = 0.0
+    window_size: int = 512
+    layer_pattern: str = "G"
+    mixer: str = "attention"
+    gradient_checkpointing: bool = False
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        if self.dim % self.nheads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by nheads ({self.nheads})")
+        unknown = set(self.layer_pattern) - set(LAYER_LETTERS)
+        if not self.layer_pattern or unknown:
+            raise ValueError(f"layer_pattern {self.layer_pattern!r}: use the letters "
+                             + ", ".join(f"{k} ({v})" for k, v in LAYER_LETTERS.items()))
+        if self.depth % len(self.layer_pattern):
+            raise ValueError(f"layer_pattern {self.layer_pattern!r} (length {len(self.layer_pattern)}) "
+                             f"must repeat a whole number of times in depth {self.depth}")
+        if "L" in self.layer_pattern and self.window_size < 0:
+            raise ValueError(f"window_size must be >= 0 for local layers, got {self.window_size}")
+
+    @property
+    def layer_letters(self) -> str:
+        """The pattern repeated to one letter per layer."""
+        return self.layer_pattern * (self.depth // len(self.layer_pattern))
+
+
+def attention_mixer(config: DNALMConfig, letter: str) -> nn.Module:
+    """genoflash MultiHeadAttention with fused RoPE; windowed for an L layer."""
+    window = config.window_size
+    # Causal masking already hides keys to the right, so a causal window is (window, 0).
+    window_size = (window, 0 if config.causal else window) if letter == "L" else (-1, -1)
+    return MultiHeadAttention(config.dim, config.nheads, config.nheads_k, causal=config.causal,
+                              window_size=window_size, rotary_base=config.rotary_base,
+                              rotary_interpolation=config.rotary_interpolation,
+                              dropout=config.attn_dropout)
+
+
+# name -> factory(config, layer letter) -> module mapping (..., dim) to (..., dim) and taking
+# (x, cu_seqlens, max_seqlen). A future pattern letter (say H) can pick a mixer per layer.
+MIXERS: dict[str, Callable[[DNALMConfig, str], nn.Module]] = {"attention": attention_mixer}
+PLANNED_MIXERS = {"hyena": "Hyena", "mamba": "Mamba"}
+
+
+def build_mixer(config: DNALMConfig, letter: str) -> nn.Module:
+    """The mixer of one layer; a clear error for a planned or unknown mixer name."""
+    factory = MIXERS.get(config.mixer)
+    if factory is not None:
+        return factory(config, letter)
+    if config.mixer in PLANNED_MIXERS:
+        raise NotImplementedError(
+            f"mixer {config.mixer!r} is not available yet: it arrives with the "
+            f"{PLANNED_MIXERS[config.mixer]} operator (genoflash/ops/{config.mixer}); "
+            f"available now: {', '.join(MIXERS)}")
+    raise ValueError(f"unknown mixer {config.mixer!r}; choose one of {', '.join(MIXERS)} "
+                     f"(planned: {', '.join(PLANNED_MIXERS)})")
+
+
+class DNALM(nn.Module):
+    """tokens (batch, seqlen) -> dict(logits (batch, seqlen, vocab_size), loss).
+
+    `labels` are per-position targets, already aligned: for a causal LM labels[i] is the
+    base after tokens[i] (the shift happens in the data, as `GenomeWindowDataset` does);
+    for a masked LM it is the original base at masked positions. -100 is ignored.
+
+    Packed batches: tokens (total,) with int32 `cu_seqlens` (batch + 1,) prefix sums;
+    sequences never attend to each other, and RoPE positions restart per sequence.
+    """
+
+    def __init__(self, config: DNALMConfig):
+        super().__init__()
+        self.config = config
+        ffn_hidden = swiglu_hidden(config.dim, config.ffn_mult)
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.blocks = nn.ModuleList(PreNormBlock(config.dim, build_mixer(config, letter), ffn_hidden)
+                                    for letter in config.layer_letters)
+        self.norm = RMSNorm(config.dim)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.apply(_init_weights)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None) -> dict:
+        if cu_seqlens is not None and max_seqlen is None:
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        x = self.embed(tokens)
+        for block in self.blocks:
+            if self.config.gradient_checkpointing and self.training:
+                # Non-reentrant checkpointing restores the RNG state, so fused dropout
+                # draws the same seed when the block is recomputed.
+                x = checkpoint(block, x, cu_seqlens, max_seqlen, use_reentrant=False)
+            else:
+                x = block(x, cu_seqlens, max_seqlen)
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
+        return {"logits": logits, "loss": loss}
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's N(0, 0.02): torch's default N(0, 1) embedding would make tied logits ~sqrt(dim)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)

@@ -1,0 +1,232 @@
+"""genoflash.models: the DNA LM, the Enformer encoder, strand conjoining and checkpoints.
+
+Tiny models on the CPU (genoflash's `torch` backend); each test says what it guards.
+"""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genoflash.data import A_ID, IGNORE_INDEX, MASK_ID, N_ID, T_ID, one_hot, reverse_complement
+from genoflash.models import (DNALM, ConvTower, DNALMConfig, Enformer, EnformerConfig,
+                              ReverseComplementWrapper, load_pretrained, save_pretrained)
+
+COMPLEMENT_IDS = torch.tensor([0, 1, 2, 3, 7, 6, 5, 4, 8])  # A<->T, C<->G, specials and N kept
+
+
+def tiny_lm(**overrides) -> DNALM:
+    return DNALM(DNALMConfig(**{"dim": 32, "depth": 2, "nheads": 2, **overrides}))
+
+
+def tiny_enformer(**overrides) -> Enformer:
+    fields = {"dim": 32, "depth": 1, "nheads": 2, "channel_multiple": 8,
+              "heads": {"tracks": 3}, "class_heads": {"enhancer": 2}, **overrides}
+    return Enformer(EnformerConfig(**fields))
+
+
+def random_bases(*shape, generator=None) -> torch.Tensor:
+    """Token ids of random A/C/G/T bases."""
+    return torch.randint(A_ID, T_ID + 1, shape, generator=generator)
+
+
+# --- DNA language model ----------------------------------------------------------------
+
+def test_causal_lm_shapes_and_causality():
+    torch.manual_seed(0)
+    model = tiny_lm().eval()
+    tokens = random_bases(2, 64)
+    out = model(tokens)
+    assert out["logits"].shape == (2, 64, 9) and out["loss"] is None
+    assert model(tokens, labels=tokens)["loss"].shape == ()
+    changed = tokens.clone()
+    changed[:, 40] = N_ID
+    logits = model(changed)["logits"]
+    # A causal LM's position i sees tokens 0..i only.
+    torch.testing.assert_close(logits[:, :40], out["logits"][:, :40], rtol=0, atol=0)
+    assert not torch.allclose(logits[:, 40:], out["logits"][:, 40:])
+
+
+def test_causal_lm_learns_a_repeating_motif():
+    torch.manual_seed(0)
+    model = tiny_lm()
+    motif = random_bases(12)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(50):
+        # Random phases of the repeated motif; labels are the next base (shifted in the data).
+        starts = torch.randint(0, 12, (8,))
+        windows = motif[(starts[:, None] + torch.arange(65)) % 12]
+        loss = model(windows[:, :-1], labels=windows[:, 1:])["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[0] > 1.5  # about ln(9) at initialisation
+    assert sum(losses[-5:]) / 5 < 0.3 * losses[0], losses
+
+
+def test_masked_lm_loss_counts_only_labelled_positions():
+    torch.manual_seed(0)
+    model = tiny_lm(causal=False).eval()
+    original = random_bases(2, 64)
+    masked = torch.rand(original.shape) < 0.15
+    masked[0, 0] = True  # at least one target
+    tokens = original.masked_fill(masked, MASK_ID)
+    labels = original.masked_fill(~masked, IGNORE_INDEX)
+    out = model(tokens, labels=labels)
+    expected = F.cross_entropy(out["logits"][masked], original[masked])
+    torch.testing.assert_close(out["loss"], expected)
+    # Bidirectional: a later token changes earlier positions' predictions.
+    changed = tokens.clone()
+    changed[:, 50] = N_ID
+    assert not torch.allclose(model(changed)["logits"][:, :10], out["logits"][:, :10])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_local_layers_see_only_their_window(causal):
+    torch.manual_seed(0)
+    local = tiny_lm(depth=1, layer_pattern="L", window_size=8, causal=causal).eval()
+    global_ = tiny_lm(depth=1, layer_pattern="G", causal=causal).eval()
+    global_.load_state_dict(local.state_dict())  # same weights; only the mask differs
+    tokens = random_bases(1, 128)
+    changed = tokens.clone()
+    changed[0, 20] = N_ID  # 80 positions before position 100: outside any 8-token window
+    for model, should_change in ((local, False), (global_, True)):
+        before, after = model(tokens)["logits"][0, 100], model(changed)["logits"][0, 100]
+        assert torch.equal(before, after) != should_change
+
+
+def test_layer_pattern_repeats_to_depth():
+    model = tiny_lm(depth=4, layer_pattern="LG", window_size=16, causal=False)
+    assert model.config.layer_letters == "LGLG"
+    assert [block.mixer.window_size for block in model.blocks] == [(16, 16), (-1, -1)] * 2
+    with pytest.raises(ValueError, match="whole number of times"):
+        DNALMConfig(dim=32, depth=4, nheads=2, layer_pattern="LLG")
+    with pytest.raises(ValueError, match="letters"):
+        DNALMConfig(dim=32, depth=2, nheads=2, layer_pattern="LX")
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    plain = tiny_lm(attn_dropout=0.1, nheads_k=1)  # dropout: the recompute must redraw the same mask
+    checkpointed = tiny_lm(attn_dropout=0.1, nheads_k=1, gradient_checkpointing=True)
+    checkpointed.load_state_dict(plain.state_dict())
+    tokens = random_bases(2, 64)
+    grads = []
+    for model in (plain, checkpointed):
+        torch.manual_seed(1)
+        model(tokens, labels=tokens)["loss"].backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_packed_batch_equals_separate_sequences():
+    torch.manual_seed(0)
+    model = tiny_lm(causal=False).eval()
+    first, second = random_bases(1, 40), random_bases(1, 24)
+    cu_seqlens = torch.tensor([0, 40, 64], dtype=torch.int32)
+    packed = model(torch.cat([first, second], dim=1)[0], cu_seqlens=cu_seqlens)["logits"]
+    separate = torch.cat([model(first)["logits"][0], model(second)["logits"][0]])
+    torch.testing.assert_close(packed, separate, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", ["hyena", "mamba"])
+def test_planned_mixers_say_they_are_not_there_yet(mixer):
+    with pytest.raises(NotImplementedError, match=f"arrives with the .* operator .*ops/{mixer}"):
+        tiny_lm(mixer=mixer)
+
+
+def test_unknown_mixer_is_an_error():
+    with pytest.raises(ValueError, match="unknown mixer 'transformer'.*attention"):
+        tiny_lm(mixer="transformer")
+
+
+# --- Enformer --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pooling", ["attention", "max"])
+def test_enformer_predicts_one_row_per_128bp_bin(pooling):
+    torch.manual_seed(0)
+    model = tiny_enformer(pooling=pooling)
+    out = model(one_hot(random_bases(2, 512)))
+    assert out["tracks"].shape == (2, 4, 3) and (out["tracks"] >= 0).all()  # softplus
+    assert out["enhancer"].shape == (2, 2)
+    with pytest.raises(ValueError, match="multiple of bin_size"):
+        model(one_hot(random_bases(2, 500)))
+
+
+def test_enformer_tower_channels_follow_the_paper():
+    assert EnformerConfig().tower_channels == [768, 896, 1024, 1152, 1280, 1536]
+
+
+def test_encode_long_equals_forward(monkeypatch):
+    torch.manual_seed(0)
+    model = tiny_enformer().eval()
+    tokens = random_bases(2, 128 * 20)
+    tokens[:, 300:700] = N_ID
+    expected = model(one_hot(tokens))
+    assert model.tower.context_bins >= 1
+    inputs = [
+        (tokens.to(torch.uint8), None, 3),   # 1 byte per base, many chunk edges
+        (one_hot(tokens), None, 7),          # already one-hot
+        (lambda start, end: tokens[:, start:end], tokens.shape[1], 4),  # fetched on demand
+        (tokens, None, 1000),                # one chunk
+    ]
+    for sequence, length, chunk_bins in inputs:
+        out = model.encode_long(sequence, length, chunk_bins=chunk_bins)
+        for name in expected:
+            torch.testing.assert_close(out[name], expected[name], rtol=1e-5, atol=1e-6)
+    # The comparison can fail: without the context the chunk edges see zero padding.
+    monkeypatch.setattr(ConvTower, "context_bins", property(lambda self: 0))
+    assert not torch.allclose(model.encode_long(tokens, chunk_bins=3)["tracks"], expected["tracks"])
+
+
+# --- Reverse-complement conjoining -----------------------------------------------------
+
+def test_rc_wrapper_makes_an_enformer_strand_invariant():
+    torch.manual_seed(0)
+    model = tiny_enformer().eval()
+    x = one_hot(random_bases(2, 512))
+    forward, reverse = model(x), model(reverse_complement(x))
+    assert not torch.allclose(forward["tracks"], reverse["tracks"].flip(1), atol=1e-4)  # not symmetric
+    wrapped = ReverseComplementWrapper(model)
+    forward, reverse = wrapped(x), wrapped(reverse_complement(x))
+    torch.testing.assert_close(forward["tracks"], reverse["tracks"].flip(1))
+    torch.testing.assert_close(forward["enhancer"], reverse["enhancer"])
+
+
+def test_rc_wrapper_on_tokens_complements_the_vocabulary_axis():
+    torch.manual_seed(0)
+    model = tiny_lm(causal=False).eval()
+    tokens = random_bases(2, 64)
+    wrapped = ReverseComplementWrapper(model)
+    forward, reverse = wrapped(tokens)["logits"], wrapped(reverse_complement(tokens))["logits"]
+    torch.testing.assert_close(forward, reverse.flip(1)[..., COMPLEMENT_IDS])
+    assert not torch.allclose(forward, reverse.flip(1))  # the complement is not optional
+    with pytest.raises(ValueError, match="causal"):
+        ReverseComplementWrapper(tiny_lm(causal=True))
+
+
+# --- Checkpoints -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, inputs", [
+    (lambda: tiny_lm(nheads_k=1, layer_pattern="LG", window_size=16), lambda: random_bases(2, 64)),
+    (lambda: tiny_lm(tie_embeddings=False, causal=False), lambda: random_bases(2, 64)),
+    (tiny_enformer, lambda: one_hot(random_bases(1, 256))),
+])
+def test_save_load_round_trip_is_exact(tmp_path, make, inputs):
+    torch.manual_seed(0)
+    model, x = make().eval(), inputs()
+    save_pretrained(model, tmp_path / "ckpt")
+    loaded = load_pretrained(tmp_path / "ckpt")
+    assert loaded.config == model.config and not loaded.training
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["model_type"] in ("dna_lm", "enformer")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    expected, got = model(x), loaded(x)
+    for name, value in expected.items():
+        assert (value is None and got[name] is None) or torch.equal(got[name], value)
+    if isinstance(model, DNALM) and model.config.tie_embeddings:
+        assert loaded.lm_head.weight is loaded.embed.weight
