@@ -1,5 +1,6 @@
 """nn.Modules built on genoflash's ops. Depends on ops only; models build on layers."""
 
 from .attention import MultiHeadAttention, RotaryTables
+from .hyena import HyenaOperator
 
-__all__ = ["MultiHeadAttention", "RotaryTables"]
+__all__ = ["HyenaOperator", "MultiHeadAttention", "RotaryTables"]

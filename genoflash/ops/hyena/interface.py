@@ -1,0 +1,75 @@
+"""`fftconv`: validate -> fix the geometry and channel group -> `FFTConvFunction`."""
+
+from __future__ import annotations
+
+import torch
+
+from .fftconv import FFTConvFunction, auto_channel_chunk, compute_dtype, conv_geometry
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_float_tensor(name: str, t, rank: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
+
+
+def _check_filter(h: torch.Tensor, seqlen: int, channels: int, causal: bool) -> None:
+    _check_float_tensor("h", h, 2, "(channels, taps)")
+    if h.shape[0] != channels:
+        raise ValueError(f"h has {h.shape[0]} channels but x has {channels}")
+    taps = h.shape[1]
+    if causal and not 1 <= taps <= seqlen:
+        raise ValueError(f"a causal filter needs 1 to seqlen = {seqlen} taps (lags 0..seqlen-1), got {taps}: "
+                         "longer filters reach no output")
+    if not causal and (taps % 2 == 0 or taps > 2 * seqlen - 1):
+        raise ValueError(f"a bidirectional filter needs an odd number of taps, at most 2 * seqlen - 1 = "
+                         f"{2 * seqlen - 1} (lags -(seqlen-1)..seqlen-1, lag 0 in the middle), got {taps}")
+
+
+def fftconv(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None = None, causal: bool = True,
+            channel_chunk: int | None = None) -> torch.Tensor:
+    """Per-channel long convolution of x with h by FFT, plus the skip term D * x.
+
+    Args:
+        x: (batch, seqlen, channels), channels last like the rest of genoflash; any float dtype.
+        h: the filters, one per channel. Causal: (channels, K) holding lags 0..K-1, so that
+            y[t] = sum_s h[c, s] x[t - s]. Bidirectional: (channels, 2K - 1) holding lags
+            -(K-1)..K-1 with lag 0 at index K - 1, so that y[t] = sum_s h[c, s + K - 1] x[t - s].
+            1 <= K <= seqlen; a full-length filter is (channels, seqlen) or (channels, 2 seqlen - 1).
+        D: (channels,) skip weights, or None for no skip term.
+        causal: whether h holds lags >= 0 only (output t then depends on x[.. t] only).
+        channel_chunk: channels per FFT group. Only one group's spectra are alive at a time, so
+            the peak transient memory scales with it; None picks a group of about 256 MiB of
+            spectrum (all channels at once for short sequences).
+
+    Returns y (batch, seqlen, channels) in x's dtype. The FFTs run in float32 (float64 if x or h
+    is float64) whatever the input dtype. Autograd saves only x, h and D; the backward
+    recomputes the spectra group by group (reference.py states the same op in plain loops).
+    """
+    _check_float_tensor("x", x, 3, "(batch, seqlen, channels)")
+    if min(x.shape) < 1:
+        raise ValueError(f"x must have batch, seqlen and channels >= 1, got shape {tuple(x.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    batch, seqlen, channels = x.shape
+    _check_filter(h, seqlen, channels, causal)
+    if D is not None:
+        _check_float_tensor("D", D, 1, "(channels,)")
+        if D.shape[0] != channels:
+            raise ValueError(f"D has {D.shape[0]} channels but x has {channels}")
+    for name, t in (("h", h), ("D", D)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+    if channel_chunk is not None and (isinstance(channel_chunk, bool) or not isinstance(channel_chunk, int)):
+        raise TypeError(f"channel_chunk must be an int or None, got {type(channel_chunk).__name__}")
+    if channel_chunk is not None and channel_chunk < 1:
+        raise ValueError(f"channel_chunk must be >= 1, got {channel_chunk}")
+
+    geo = conv_geometry(seqlen, h.shape[1], causal)
+    chunk = channel_chunk or auto_channel_chunk(batch, channels, geo, compute_dtype(x.dtype, h.dtype))
+    return FFTConvFunction.apply(x, h, D, geo, chunk)
