@@ -5,6 +5,8 @@
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
     genoflash scale attention    million-token attention, checked on sampled rows (GPU)
+    genoflash scale chromosome   an Enformer-style encoder over a whole chromosome in one pass (GPU)
+    genoflash scale chloroplast  one training step of a DNA LM on a whole real genome (GPU)
 """
 
 from __future__ import annotations

@@ -68,3 +68,18 @@ def test_sampled_rows_attention_is_exact(causal):
     r = torch.autograd.grad(ref.sum(), (q, k, v))
     for a, b in zip(g, r):
         torch.testing.assert_close(a, b)
+
+
+def test_scale_commands_run_at_cpu_size(tmp_path):
+    """The chromosome and chloroplast runs' code paths, at CPU size."""
+    from pathlib import Path
+
+    fasta = Path(__file__).resolve().parents[2] / "shared" / "data" / "NC_000932.arabidopsis_chloroplast.fa"
+    assert main(["scale", "chromosome", "--cpu", "--length", str(128 * 40), "--dim", "128", "--depth", "1",
+                 "--nheads", "2", "--chunk-bins", "16", "--out", str(tmp_path)]) == 0
+    record = json.loads(next(tmp_path.glob("*chromosome*.json")).read_text())
+    assert record["output_shape"] == [1, 40, 8] and record["output_finite"]
+    assert main(["scale", "chloroplast", "--cpu", "--fasta", str(fasta), "--dim", "32", "--depth", "1",
+                 "--nheads", "2", "--out", str(tmp_path)]) == 0
+    record = json.loads(next(tmp_path.glob("*chloroplast*.json")).read_text())
+    assert record["context_bp"] == 2047 and 1.0 < record["loss"] < 3.0

@@ -1,4 +1,10 @@
-"""`genoflash scale attention`: million-token attention on one GPU, checked on sampled rows.
+"""`genoflash scale ...`: genome-scale runs on one GPU.
+
+    attention    million-token attention, checked on sampled rows (below)
+    chromosome   an Enformer-style encoder over a chromosome-length sequence in one pass
+    chloroplast  one training step of a single-nucleotide DNA LM on a whole real genome
+
+`attention`: million-token attention on one GPU, checked on sampled rows.
 
 A full reference does not fit at these lengths, so correctness is checked on `--rows`
 randomly sampled query rows: their outputs, and the gradients of a loss that only those rows
@@ -7,6 +13,8 @@ streams over the keys in chunks (`sampled_rows_attention`). Reports time and pea
 
     genoflash scale attention --seqlen 1048576 --backward     # fwd+bwd at 1M, H=8, D=128
     genoflash scale attention --seqlen 4194304                # forward at 4M
+    genoflash scale chromosome --length 248956422             # human chr1 length, ~1.95M bins
+    genoflash scale chloroplast                               # 154,478-bp genome, one training step
 """
 
 from __future__ import annotations
@@ -91,37 +99,130 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
+def _metadata() -> dict:
+    import triton
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "date": now.isoformat(timespec="seconds"),
+            "git_commit": os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown",
+            "torch": torch.__version__, "triton": triton.__version__}
+
+
+def _write(record: dict, out: Path, name: str) -> None:
+    record["metadata"] = _metadata()
+    print(json.dumps({k: v for k, v in record.items() if k != "metadata"}), flush=True)
+    slug = record["metadata"]["device"].lower().replace("nvidia", "").strip().replace(" ", "-")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{slug}-{record['metadata']['date'][:10]}-scale-{name}.json"
+    path.write_text(json.dumps(record, indent=1))
+    print(f"wrote {path}", flush=True)
+
+
+def _timed(fn, device: torch.device):
+    """(result, seconds, peak GiB or None) of fn() on device."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    result = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    return result, time.perf_counter() - start, peak
+
+
+def run_chromosome(length: int, dim: int, depth: int, nheads: int, chunk_bins: int, device: torch.device,
+                   seed: int = 0) -> dict:
+    """Enformer-style encoder (conv tower to 128-bp bins + full non-causal attention with RoPE) over a
+    generated chromosome-length sequence in one forward pass. The sequence stays on the host as
+    1 byte per base; the tower one-hots it chunk by chunk on the device."""
+    from ..data import A_ID
+    from ..models import Enformer, EnformerConfig
+
+    bins = length // 128
+    gen = torch.Generator().manual_seed(seed)
+    # A, C, G, T token ids (consecutive in genoflash.data's vocabulary), one byte per base.
+    tokens = torch.randint(A_ID, A_ID + 4, (1, bins * 128), generator=gen, dtype=torch.uint8)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = Enformer(EnformerConfig(dim=dim, depth=depth, nheads=nheads, heads={"tracks": 8})).to(device, dtype).eval()
+
+    def fetch(start: int, end: int) -> torch.Tensor:
+        return tokens[:, start:end].to(device)
+
+    with torch.no_grad():
+        out, seconds, peak = _timed(lambda: model.encode_long(fetch, bins * 128, chunk_bins=chunk_bins), device)
+    tracks = out["tracks"]
+    return {"length_bp": length, "bins": bins, "dim": dim, "depth": depth, "nheads": nheads, "dtype": str(dtype),
+            "seconds": seconds, "peak_gib": peak, "output_shape": list(tracks.shape),
+            "output_finite": bool(torch.isfinite(tracks).all())}
+
+
+def run_chloroplast(fasta: Path, dim: int, depth: int, nheads: int, device: torch.device, max_length=None) -> dict:
+    """Forward, backward and one AdamW step of a single-nucleotide causal DNA LM over a whole genome
+    (the 154,478-bp Arabidopsis chloroplast) as one context."""
+    from ..data import A_ID, FastaFile, encode
+    from ..models import DNALM, DNALMConfig
+
+    genome = FastaFile(fasta)
+    chrom = next(iter(genome.contig_lengths))
+    seq = genome.fetch(chrom, 0, genome.contig_lengths[chrom])[:max_length]
+    tokens = encode(seq, name=chrom)[None].to(device)
+    model = DNALM(DNALMConfig(dim=dim, depth=depth, nheads=nheads, causal=True)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+        "cpu", enabled=False)
+
+    def step():
+        with autocast:
+            loss = model(tokens[:, :-1], labels=tokens[:, 1:])["loss"]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    loss, seconds, peak = _timed(step, device)
+    return {"genome": chrom, "context_bp": tokens.shape[1] - 1, "dim": dim, "depth": depth, "nheads": nheads,
+            "loss": loss, "seconds_fwd_bwd_step": seconds, "peak_gib": peak,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="genoflash scale attention", description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["attention"])
-    parser.add_argument("--seqlen", type=int, default=1 << 20)
+    parser = argparse.ArgumentParser(prog="genoflash scale", description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["attention", "chromosome", "chloroplast"])
+    parser.add_argument("--seqlen", type=int, default=1 << 20, help="attention: tokens")
     parser.add_argument("--nheads", type=int, default=8)
-    parser.add_argument("--headdim", type=int, default=128)
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--backward", action="store_true", help="also run and check the backward")
-    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--headdim", type=int, default=128, help="attention: head dim")
+    parser.add_argument("--causal", action="store_true", help="attention: causal")
+    parser.add_argument("--backward", action="store_true", help="attention: also run and check the backward")
+    parser.add_argument("--rows", type=int, default=256, help="attention: sampled rows checked")
+    parser.add_argument("--length", type=int, default=248_956_422, help="chromosome: bases (human chr1 default)")
+    parser.add_argument("--dim", type=int, default=None, help="chromosome/chloroplast: model width")
+    parser.add_argument("--depth", type=int, default=2, help="chromosome/chloroplast: transformer layers")
+    parser.add_argument("--chunk-bins", type=int, default=16384, help="chromosome: conv tower chunk")
+    parser.add_argument("--fasta", type=Path, default=Path("../shared/data/NC_000932.arabidopsis_chloroplast.fa"))
+    parser.add_argument("--cpu", action="store_true", help="run a CPU-sized version (for tests)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("genoflash scale needs a CUDA GPU", flush=True)
+    device = torch.device("cpu" if args.cpu else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("genoflash scale needs a CUDA GPU (or --cpu for a small run)", flush=True)
         return 2
+    if args.what == "chromosome":
+        record = run_chromosome(args.length, args.dim or 768, args.depth, args.nheads, args.chunk_bins, device)
+        _write(record, args.out, f"chromosome-{args.length}")
+        return 0
+    if args.what == "chloroplast":
+        record = run_chloroplast(args.fasta, args.dim or 256, args.depth, args.nheads, device,
+                                 max_length=2048 if args.cpu else None)
+        _write(record, args.out, "chloroplast-dnalm")
+        return 0
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, args.seqlen, args.nheads, args.headdim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(1, args.seqlen, args.nheads, args.headdim, device=device, dtype=torch.bfloat16)
                for _ in range(3))
-    rec = check_sampled(q, k, v, args.causal, args.rows, args.backward)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    import triton
-    rec = {"seqlen": args.seqlen, "nheads": args.nheads, "headdim": args.headdim, "causal": args.causal,
-           "backward": args.backward, "rows_checked": args.rows, **rec,
-           "metadata": {"device": torch.cuda.get_device_name(), "date": now.isoformat(timespec="seconds"),
-                        "git_commit": os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
-                            ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-                        "torch": torch.__version__, "triton": triton.__version__, "dtype": "bf16"}}
-    print(json.dumps({k: v for k, v in rec.items() if k != "metadata"}), flush=True)
-    slug = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{slug}-{now:%Y-%m-%d}-scale-N{args.seqlen}{'-causal' if args.causal else ''}" \
-                      f"{'-fwdbwd' if args.backward else '-fwd'}.json"
-    path.write_text(json.dumps(rec, indent=1))
-    print(f"wrote {path}", flush=True)
+    record = {"seqlen": args.seqlen, "nheads": args.nheads, "headdim": args.headdim, "causal": args.causal,
+              "backward": args.backward, "rows_checked": args.rows,
+              **check_sampled(q, k, v, args.causal, args.rows, args.backward)}
+    _write(record, args.out, f"attention-N{args.seqlen}{'-causal' if args.causal else ''}"
+                             f"{'-fwdbwd' if args.backward else '-fwd'}")
     return 0
