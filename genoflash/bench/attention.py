@@ -18,12 +18,10 @@ import datetime
 import functools
 import importlib.metadata
 import json
-import os
 import platform
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -35,6 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import flash_attn_func, use_backend
+from .records import git_commit
 
 AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -295,14 +294,6 @@ def run_shape(shape: Shape, providers: list[Provider], genoflash_backend: str,
 
 # ---------------------------------------------------------------- metadata and output
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("GENOFLASH_COMMIT", "unknown")
-
-
 def _dist_version(*names: str) -> str | None:
     for name in names:
         try:
@@ -317,7 +308,7 @@ def metadata(device: torch.device, args: argparse.Namespace, now: datetime.datet
     return {
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "date": now.isoformat(timespec="seconds"),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,

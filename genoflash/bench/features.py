@@ -20,15 +20,13 @@ Results go to <out>/<gpu>-<date>-features.json.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import torch
 
 from ..ops.attention import flash_attn_func, flash_attn_varlen_func
+from .records import results_stem, run_metadata
 
 
 def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> int:
@@ -140,19 +138,11 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("genoflash bench features needs a CUDA GPU", flush=True)
         return 2
-    import triton
     results = run([c.strip() for c in args.cases.split(",")])
-    commit = os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
-    now = datetime.datetime.now(datetime.timezone.utc)
-    report = {"metadata": {"device": torch.cuda.get_device_name(), "date": now.isoformat(timespec="seconds"),
-                           "git_commit": commit, "torch": torch.__version__, "triton": triton.__version__,
-                           "cuda": torch.version.cuda, "dtype": "bf16",
-                           "method": "do_bench median (warmup 25 ms, rep 200 ms); useful FLOPs only"},
+    report = {"metadata": run_metadata(dtype="bf16", method="do_bench median (warmup 25 ms, rep 200 ms); "
+                                                           "useful FLOPs only"),
               "results": results}
-    slug = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{slug}-{now:%Y-%m-%d}-features.json"
+    path = Path(f"{results_stem(args.out, report['metadata'], 'features')}.json")
     path.write_text(json.dumps(report, indent=1))
     print(f"wrote {path}", flush=True)
     return 0

@@ -14,16 +14,14 @@ Writes <out>/<gpu>-<date>-memory.json and a log-log plot <same>.png.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from .. import flash_attn_func, use_backend
+from .records import results_stem, run_metadata
 
 NHEADS, HEADDIM = 8, 128
 
@@ -136,18 +134,9 @@ def main(argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"unknown provider(s): {', '.join(sorted(unknown))}")
     report = run(args.max_seqlen, providers)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    import triton
-    report["metadata"] = {
-        "device": torch.cuda.get_device_name(), "date": now.isoformat(timespec="seconds"),
-        "git_commit": os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown",
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "method": "torch.cuda.max_memory_allocated over one call, inputs (q, k, v, dout) included; bf16, B1 H8 D128",
-    }
-    slug = torch.cuda.get_device_name().lower().replace("nvidia", "").strip().replace(" ", "-")
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{slug}-{now:%Y-%m-%d}-memory"
+    report["metadata"] = run_metadata(
+        method="torch.cuda.max_memory_allocated over one call, inputs (q, k, v, dout) included; bf16, B1 H8 D128")
+    stem = results_stem(args.out, report["metadata"], "memory")
     Path(f"{stem}.json").write_text(json.dumps(report, indent=1))
     plot(report, Path(f"{stem}.png"))
     worst = max(report["genoflash_fwd_bwd_over_floor"].values(), default=float("nan"))

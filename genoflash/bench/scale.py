@@ -20,16 +20,14 @@ streams over the keys in chunks (`sampled_rows_attention`). Reports time and pea
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
 from .. import flash_attn_func
+from .records import results_stem, run_metadata
 
 
 def sampled_rows_attention(q_rows: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -99,22 +97,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
-def _metadata() -> dict:
-    import triton
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "date": now.isoformat(timespec="seconds"),
-            "git_commit": os.environ.get("GENOFLASH_COMMIT") or subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown",
-            "torch": torch.__version__, "triton": triton.__version__}
-
-
 def _write(record: dict, out: Path, name: str) -> None:
-    record["metadata"] = _metadata()
+    record["metadata"] = run_metadata()
     print(json.dumps({k: v for k, v in record.items() if k != "metadata"}), flush=True)
-    slug = record["metadata"]["device"].lower().replace("nvidia", "").strip().replace(" ", "-")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{slug}-{record['metadata']['date'][:10]}-scale-{name}.json"
+    path = Path(f"{results_stem(out, record['metadata'], 'scale-' + name)}.json")
     path.write_text(json.dumps(record, indent=1))
     print(f"wrote {path}", flush=True)
 
@@ -161,7 +147,7 @@ def run_chromosome(length: int, dim: int, depth: int, nheads: int, chunk_bins: i
 def run_chloroplast(fasta: Path, dim: int, depth: int, nheads: int, device: torch.device, max_length=None) -> dict:
     """Forward, backward and one AdamW step of a single-nucleotide causal DNA LM over a whole genome
     (the 154,478-bp Arabidopsis chloroplast) as one context."""
-    from ..data import A_ID, FastaFile, encode
+    from ..data import FastaFile, encode
     from ..models import DNALM, DNALMConfig
 
     genome = FastaFile(fasta)

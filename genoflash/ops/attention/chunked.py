@@ -116,7 +116,7 @@ def attention_chunked_forward(q, k, v, softmax_scale: float, causal: bool, windo
     """q (B, Nq, H, D), k (B, Nk, Hk, D), v (B, Nk, Hk, Dv) -> out (B, Nq, H, Dv) in q's dtype,
     lse (B, H, Nq) float32."""
     B, Nq, H, _ = q.shape
-    Nk, Hk, Dv = k.shape[1], k.shape[2], v.shape[-1]
+    Hk, Dv = k.shape[2], v.shape[-1]
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     scores = _Scores(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, acc_dtype, dropout,
                      batch_offset)
