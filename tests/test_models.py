@@ -230,3 +230,13 @@ def test_save_load_round_trip_is_exact(tmp_path, make, inputs):
         assert (value is None and got[name] is None) or torch.equal(got[name], value)
     if isinstance(model, DNALM) and model.config.tie_embeddings:
         assert loaded.lm_head.weight is loaded.embed.weight
+
+
+def test_small_enformer_widths_keep_every_conv_non_empty():
+    """dim below 2 x channel_multiple used to round the middle tower stages to 0 channels."""
+    from genoflash.models import Enformer, EnformerConfig
+
+    config = EnformerConfig(dim=32, depth=1, nheads=2, heads={"t": 3})
+    assert all(c >= 16 for c in config.tower_channels) and config.tower_channels[-1] == 32
+    out = Enformer(config)(torch.zeros(1, 256, 4).index_fill_(2, torch.tensor([1]), 1.0))
+    assert out["t"].shape == (1, 2, 3)

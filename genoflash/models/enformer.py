@@ -83,11 +83,12 @@ class EnformerConfig:
     @property
     def tower_channels(self) -> list[int]:
         """Output channels of each tower stage: dim/2 geometrically up to dim (Enformer's
-        exponential_linspace_int), the ends exact and the rest rounded to channel_multiple."""
+        exponential_linspace_int), the ends exact and the rest rounded to channel_multiple (never
+        below dim/2, so small test models keep non-empty convolutions)."""
         stages, start = int(math.log2(self.bin_size)) - 1, self.dim // 2
         if stages == 1:
             return [self.dim]
-        channels = [self.channel_multiple * round(start * 2 ** (i / (stages - 1)) / self.channel_multiple)
+        channels = [max(start, self.channel_multiple * round(start * 2 ** (i / (stages - 1)) / self.channel_multiple))
                     for i in range(stages)]
         channels[0], channels[-1] = start, self.dim
         return channels
