@@ -1,6 +1,7 @@
 """The `genoflash` command line.
 
     genoflash example            attention over a DNA-length sequence: genoflash vs standard attention
+    genoflash train              train a DNA model (synthetic long-range task or LM on a FASTA), flags or --config YAML
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
@@ -38,7 +39,12 @@ def _scale(argv):
     return main(argv)
 
 
-COMMANDS = {"example": _example, "bench": _bench, "scale": _scale}
+def _train(argv):
+    from .train.trainer import main
+    return main(argv)
+
+
+COMMANDS = {"example": _example, "bench": _bench, "scale": _scale, "train": _train}
 
 
 def main(argv=None) -> int:

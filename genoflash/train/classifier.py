@@ -1,0 +1,66 @@
+"""A sequence classifier on the DNA LM trunk: bidirectional blocks, mean pool, linear head.
+
+It reuses `DNALM`'s embedding, blocks and final norm (built with ``causal=False``), so the
+L/G layer pattern and the window apply unchanged. Padded batches are packed to the varlen
+layout first, so real tokens never attend to padding and padding costs no compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data import PAD_ID
+from ..models.dna_lm import DNALM, DNALMConfig
+from ..padding import pad_input, unpad_input
+
+
+class SequenceClassifier(nn.Module):
+    """tokens (batch, seqlen) -> dict(logits (batch, num_classes), loss).
+
+    Args:
+        config: the trunk's shape; its ``causal`` flag is overridden to False (a classifier
+            reads the whole sequence in both directions).
+        num_classes: outputs of the linear head.
+        stem_kernel: width of the residual convolution stem (odd; 0 for none).
+    """
+
+    def __init__(self, config: DNALMConfig, num_classes: int = 2, stem_kernel: int = 15):
+        super().__init__()
+        self.config = dataclasses.replace(config, causal=False)
+        self.trunk = DNALM(self.config)
+        del self.trunk.lm_head  # the trunk's LM head is unused here (tied: no extra weights)
+        # Single-nucleotide tokens carry no k-mer context; a short convolution gives each
+        # position its neighbourhood, so attention can match motifs instead of spending its
+        # first layers spelling them. It is local (stem_kernel bases), so long-range
+        # relations still have to come from attention. 0 disables it.
+        self.stem = (nn.Conv1d(self.config.dim, self.config.dim, stem_kernel, padding=stem_kernel // 2)
+                     if stem_kernel else None)
+        self.head = nn.Linear(self.config.dim, num_classes)
+
+    def hidden_states(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normed trunk outputs (batch, seqlen, dim) and the non-PAD mask (batch, seqlen)."""
+        mask = tokens != PAD_ID
+        trunk = self.trunk
+        x = trunk.embed(tokens) * mask.unsqueeze(-1)
+        if self.stem is not None:
+            x = x + F.gelu(self.stem(x.transpose(1, 2))).transpose(1, 2) * mask.unsqueeze(-1)
+        if bool(mask.all()):
+            for block in trunk.blocks:
+                x = block(x, None, None)
+            return trunk.norm(x), mask
+        packed, indices, cu_seqlens, max_seqlen, _ = unpad_input(x, mask)
+        for block in trunk.blocks:
+            packed = block(packed, cu_seqlens, max_seqlen)
+        return pad_input(trunk.norm(packed), indices, *tokens.shape), mask
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
+        x, mask = self.hidden_states(tokens)
+        weights = mask.unsqueeze(-1).to(x.dtype)
+        pooled = (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        logits = self.head(pooled).float()
+        loss = F.cross_entropy(logits, labels) if labels is not None else None
+        return {"logits": logits, "loss": loss}

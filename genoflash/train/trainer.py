@@ -1,0 +1,448 @@
+"""Training loop for genoflash models: `genoflash train`.
+
+Two tasks:
+
+- ``synthetic``: sequence classification on the long-range motif-grammar task
+  (`SyntheticLongRangeDataset`), with a `SequenceClassifier`; held-out accuracy and AUROC.
+- ``lm``: causal language modelling on windows of a FASTA file (`GenomeWindowDataset`),
+  with a `DNALM`; held-out loss and perplexity.
+
+What makes a long job safe to stop and restart:
+
+- The data stream is a pure function of (seed, step): batch ``s`` holds items
+  ``s * batch_size ... (s + 1) * batch_size - 1`` of a lazily generated dataset, so a
+  resumed run reads exactly the batches the uninterrupted run would have.
+- ``out_dir/checkpoint.pt`` holds the model, optimizer, scheduler, the torch / numpy /
+  python RNG states and the step (which is also the data position); it is written to a
+  temporary file and renamed, so a crash mid-write never leaves a broken checkpoint.
+  ``--resume`` continues bit for bit (on CPU; CUDA kernels may differ in the last bits).
+- A sample that raises is logged once and replaced by the next index that loads
+  (deterministically, so resume still matches); ``--strict`` makes it fatal instead.
+
+Sequence-length warmup (``--seq-len-warmup``, as in HyenaDNA) trains on the first
+``seq_len_start`` tokens of each window and doubles the length in equal stages over the
+first ``seq_len_warmup_fraction`` of the steps. It applies to the ``lm`` task only: a
+crop of a synthetic sequence would usually cut out one of the two motifs and with it the
+label, so the synthetic task always trains at full length.
+
+Config: dataclass defaults, then ``--config file.yaml``, then command-line flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import yaml
+from torch.utils.data import Dataset
+
+from ..data import GenomeWindowDataset, MotifGrammar, SyntheticLongRangeDataset
+from ..models.dna_lm import DNALM, DNALMConfig
+from .classifier import SequenceClassifier
+
+logger = logging.getLogger(__name__)
+CHECKPOINT_NAME, LOG_NAME, PLOT_NAME = "checkpoint.pt", "log.jsonl", "curves.png"
+TASKS = ("synthetic", "lm")
+
+
+def _option(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on; saved as out_dir/config.yaml."""
+
+    task: str = _option("synthetic", "synthetic (long-range classification) or lm (causal LM on a FASTA)")
+    fasta: str | None = _option(None, "FASTA file for the lm task")
+    dim: int = _option(64, "model width")
+    depth: int = _option(2, "number of blocks")
+    nheads: int = _option(4, "attention heads")
+    layer_pattern: str = _option("G", "L (local) / G (global) letters, repeated to depth")
+    window_size: int = _option(128, "how far a local (L) layer sees, in tokens")
+    seq_len: int = _option(512, "tokens per sequence")
+    distance: int = _option(256, "synthetic: bases between the enhancer and promoter motifs")
+    n_families: int = _option(2, "synthetic: motif families")
+    steps: int = _option(300, "optimizer steps")
+    batch_size: int = _option(16, "sequences per step")
+    lr: float = _option(3e-3, "peak learning rate")
+    min_lr: float = _option(3e-4, "learning rate at the end of the cosine decay")
+    weight_decay: float = _option(0.01, "AdamW weight decay")
+    warmup_steps: int = _option(20, "linear learning-rate warmup steps")
+    grad_clip: float = _option(1.0, "clip the gradient norm to this (0: off)")
+    seq_len_warmup: bool = _option(False, "lm: start at seq_len_start and double up to seq_len")
+    seq_len_start: int = _option(1024, "lm: first length of the sequence-length warmup")
+    seq_len_warmup_fraction: float = _option(0.25, "lm: fraction of the steps the warmup spans")
+    log_every: int = _option(10, "steps between log lines")
+    eval_every: int = _option(50, "steps between held-out evaluations (0: only at the end)")
+    eval_samples: int = _option(256, "held-out sequences per evaluation")
+    checkpoint_every: int = _option(100, "steps between checkpoints (one is always written at the end)")
+    stop_at: int = _option(0, "stop after this step with a checkpoint, for time-limited jobs (0: run to steps)")
+    out_dir: str = _option("genoflash-train", "logs, checkpoint and plot go here")
+    seed: int = _option(0, "seeds the model, the data stream and the grammar")
+    device: str = _option("auto", "auto (cuda if available), cpu or cuda")
+    strict: bool = _option(False, "fail on a sample that cannot be loaded instead of replacing it")
+    resume: bool = _option(False, "continue from out_dir/checkpoint.pt if it exists")
+    progress: bool = _option(True, "show a progress bar")
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.task == "lm" and not self.fasta:
+            raise ValueError("the lm task needs --fasta")
+        if self.steps <= 0 or self.batch_size <= 0:
+            raise ValueError("steps and batch_size must be positive")
+
+    def model_config(self) -> DNALMConfig:
+        return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, causal=self.task == "lm",
+                           layer_pattern=self.layer_pattern, window_size=self.window_size)
+
+
+# ---------------------------------------------------------------- config loading
+
+def build_parser(prog: str = "genoflash train") -> argparse.ArgumentParser:
+    """One flag per TrainConfig field (``--seq-len`` for seq_len), all defaulting to None
+    so that only flags actually given override the YAML file."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="YAML file of TrainConfig fields; flags override it")
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"])
+        else:
+            kind = str if f.default is None else type(f.default)
+            parser.add_argument(flag, type=kind, default=None, help=f.metadata["help"])
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults, overridden by the YAML file (if any), overridden by the flags given."""
+    values: dict = {}
+    if args.config:
+        values = yaml.safe_load(pathlib.Path(args.config).read_text()) or {}
+        unknown = set(values) - {f.name for f in dataclasses.fields(TrainConfig)}
+        if unknown:
+            raise ValueError(f"{args.config}: unknown keys {sorted(unknown)}")
+    values.update({k: v for k, v in vars(args).items() if k != "config" and v is not None})
+    return TrainConfig(**values)
+
+
+# ---------------------------------------------------------------- schedules and metrics
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of cfg.lr at `step`: linear warmup, then cosine decay to min_lr."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    floor = cfg.min_lr / cfg.lr
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def seq_len_at(step: int, cfg: TrainConfig) -> int:
+    """Training length at `step` (the sequence-length warmup; see the module docstring)."""
+    if not cfg.seq_len_warmup or cfg.task != "lm" or cfg.seq_len_start >= cfg.seq_len:
+        return cfg.seq_len
+    doublings = math.ceil(math.log2(cfg.seq_len / cfg.seq_len_start))
+    span = int(cfg.steps * cfg.seq_len_warmup_fraction)
+    if step >= span:
+        return cfg.seq_len
+    return min(cfg.seq_len, cfg.seq_len_start * 2 ** (step * doublings // span))
+
+
+def auroc(scores, labels) -> float:
+    """Area under the ROC curve via the Mann-Whitney rank statistic (ties get average ranks).
+
+    Equals P(score of a random positive > score of a random negative) + 0.5 P(tie);
+    NaN when only one class is present.
+    """
+    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(scores))
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)  # 1-based average rank of each tie group
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+# ---------------------------------------------------------------- data
+
+class SafeFetcher:
+    """Items of a dataset as (inputs, targets) tensors, surviving records that fail to load.
+
+    A failing index is logged once (with the exception) and replaced by the next index
+    that loads, so the stream stays deterministic; with ``strict`` the error propagates.
+    """
+
+    def __init__(self, dataset: Dataset, strict: bool = False, max_skips: int = 100):
+        self.dataset, self.strict, self.max_skips = dataset, strict, max_skips
+        self.failed: set[int] = set()
+
+    def __call__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.dataset)
+        for offset in range(self.max_skips + 1):
+            i = (index + offset) % n
+            try:
+                return _as_pair(self.dataset[i])
+            except Exception as error:
+                if self.strict:
+                    raise
+                if i not in self.failed:
+                    self.failed.add(i)
+                    logger.warning("sample %d of %s failed to load (%r); replacing it with the next "
+                                   "sample (pass --strict to stop instead)", i, type(self.dataset).__name__, error)
+        raise RuntimeError(f"{self.max_skips + 1} consecutive samples failed to load from index {index}")
+
+    def batch(self, indices, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stacked items; LM items (per-token targets) are cropped to `length`."""
+        inputs, targets = zip(*(self(i) for i in indices))
+        inputs, targets = torch.stack(inputs), torch.stack(targets)
+        if length is not None and targets.dim() == 2:
+            inputs, targets = inputs[:, :length], targets[:, :length]
+        return inputs, targets
+
+
+def _as_pair(item) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, label) tuples pass through; GenomeWindowDataset dicts give (input_ids, labels)."""
+    if isinstance(item, dict):
+        return item["input_ids"], item["labels"]
+    return item[0], item[1]
+
+
+def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+    """(train, held-out) datasets, both lazy: the train stream has steps * batch_size items."""
+    n_train = cfg.steps * cfg.batch_size
+    if cfg.task == "synthetic":
+        grammar = MotifGrammar.random(n_families=cfg.n_families, seed=cfg.seed)
+        train = SyntheticLongRangeDataset(n_train, cfg.seq_len, cfg.distance, seed=cfg.seed, grammar=grammar)
+        held_out = SyntheticLongRangeDataset(cfg.eval_samples, cfg.seq_len, cfg.distance,
+                                             seed=cfg.seed + 1_000_003, grammar=grammar)
+        return train, held_out
+    train = GenomeWindowDataset(cfg.fasta, cfg.seq_len, n_train, seed=cfg.seed, objective="clm")
+    held_out = GenomeWindowDataset(cfg.fasta, cfg.seq_len, cfg.eval_samples, seed=cfg.seed + 1_000_003,
+                                   objective="clm")
+    return train, held_out
+
+
+# ---------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, device: torch.device) -> dict:
+    """Held-out metrics: accuracy and AUROC (synthetic), or loss and perplexity (lm)."""
+    model.eval()
+    n = len(data.dataset)
+    loss_sum, weight, probs, labels = 0.0, 0, [], []
+    for start in range(0, n, cfg.batch_size):
+        tokens, targets = (t.to(device) for t in data.batch(range(start, min(n, start + cfg.batch_size))))
+        with _autocast(device):
+            out = model(tokens, targets)
+        if cfg.task == "synthetic":
+            probs.append(out["logits"].float().softmax(-1)[:, 1].cpu())
+            labels.append(targets.cpu())
+            count = len(targets)
+        else:
+            count = int((targets != -100).sum())
+        loss_sum, weight = loss_sum + out["loss"].item() * count, weight + count
+    model.train()
+    metrics = {"loss": loss_sum / max(weight, 1)}
+    if cfg.task == "synthetic":
+        p, y = torch.cat(probs).numpy(), torch.cat(labels).numpy()
+        metrics.update(accuracy=float(((p > 0.5) == (y == 1)).mean()), auroc=auroc(p, y))
+    else:
+        metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
+    return metrics
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def save_checkpoint(path: pathlib.Path, model, optimizer, scheduler, step: int) -> None:
+    """Everything needed to continue exactly; written to a temp file, then renamed (atomic)."""
+    state = {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "step": step, "data_position": step,
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: pathlib.Path, model, optimizer, scheduler) -> int:
+    """Restore the states saved by `save_checkpoint`; returns the step to continue from."""
+    state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: RNG states need pickle
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return int(state["step"])
+
+
+# ---------------------------------------------------------------- the loop
+
+def resolve_device(name: str) -> torch.device:
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else
+                        "cpu" if name == "auto" else name)
+
+
+def _autocast(device: torch.device):
+    """bf16 autocast on CUDA; a no-op elsewhere (CPU training stays fp32 and bit-reproducible)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def build_model(cfg: TrainConfig) -> torch.nn.Module:
+    return SequenceClassifier(cfg.model_config()) if cfg.task == "synthetic" else DNALM(cfg.model_config())
+
+
+def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Dataset | None = None,
+          on_eval: Callable[[int, dict], None] | None = None) -> dict:
+    """Train per `cfg`; returns {"final": last held-out metrics, "history": every log record,
+    "model": the trained model}. `on_eval(step, metrics)` is called after each evaluation.
+
+    `train_data` / `eval_data` replace the datasets `cfg` describes (tests, custom data);
+    they must give (tokens, target) pairs or GenomeWindowDataset-style dicts.
+    """
+    out_dir = pathlib.Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    device = resolve_device(cfg.device)
+    if cfg.seq_len_warmup and cfg.task != "lm":
+        logger.warning("seq_len_warmup applies to the lm task only (a crop would lose a motif); ignored")
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    random.seed(cfg.seed)
+    if train_data is None or eval_data is None:
+        default_train, default_eval = build_datasets(cfg)
+        train_data = default_train if train_data is None else train_data
+        eval_data = default_eval if eval_data is None else eval_data
+    train_fetch, eval_fetch = SafeFetcher(train_data, cfg.strict), SafeFetcher(eval_data, cfg.strict)
+    model = build_model(cfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+
+    checkpoint_path, log_path = out_dir / CHECKPOINT_NAME, out_dir / LOG_NAME
+    start = 0
+    if cfg.resume and checkpoint_path.exists():
+        start = load_checkpoint(checkpoint_path, model, optimizer, scheduler)
+        logger.info("resumed from %s at step %d", checkpoint_path, start)
+    history = _restart_log(log_path, start)
+    last = min(cfg.steps, cfg.stop_at or cfg.steps)
+
+    def record(entry: dict) -> None:
+        history.append(entry)
+        with log_path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    model.train()
+    tokens_seen, tick = 0, time.perf_counter()
+    with _progress(cfg.progress and start < last) as bar:
+        task = bar.add_task(f"{cfg.task} {cfg.layer_pattern}", total=last, completed=start, info="")
+        for step in range(start, last):
+            length = seq_len_at(step, cfg)
+            indices = range(step * cfg.batch_size, (step + 1) * cfg.batch_size)
+            tokens, targets = (t.to(device) for t in train_fetch.batch(indices, length))
+            with _autocast(device):
+                loss = model(tokens, targets)["loss"]
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                         if cfg.grad_clip > 0 else None)
+            optimizer.step()
+            scheduler.step()
+            tokens_seen += tokens.numel()
+            done = step + 1
+            if done % cfg.log_every == 0 or done == last:
+                elapsed = time.perf_counter() - tick
+                entry = {"step": done, "loss": loss.item(), "lr": scheduler.get_last_lr()[0],
+                         "seq_len": length, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
+                         "skipped_samples": len(train_fetch.failed)}
+                if grad_norm is not None:
+                    entry["grad_norm"] = float(grad_norm)
+                if device.type == "cuda":
+                    entry["gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+                record(entry)
+                tokens_seen, tick = 0, time.perf_counter()
+                bar.update(task, info=_bar_text(entry))
+            if done == last or (cfg.eval_every and done % cfg.eval_every == 0):
+                metrics = evaluate(model, eval_fetch, cfg, device)
+                record({"step": done, "eval": metrics})
+                if on_eval is not None:
+                    on_eval(done, metrics)
+            if done == last or done % cfg.checkpoint_every == 0:
+                save_checkpoint(checkpoint_path, model, optimizer, scheduler, done)
+            bar.update(task, completed=done)
+
+    evals = [h["eval"] for h in history if "eval" in h]
+    plot_curves(history, out_dir / PLOT_NAME, title=f"{cfg.task} ({cfg.layer_pattern})")
+    return {"final": evals[-1] if evals else {}, "history": history, "model": model}
+
+
+def _restart_log(log_path: pathlib.Path, start: int) -> list[dict]:
+    """Records up to `start` (a resumed run rewrites what came after its checkpoint)."""
+    kept = []
+    if start and log_path.exists():
+        kept = [r for r in map(json.loads, log_path.read_text().splitlines()) if r["step"] <= start]
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
+def _bar_text(entry: dict) -> str:
+    text = f"loss {entry['loss']:.3f}  {entry['tokens_per_s']:,.0f} tok/s"
+    if "gpu_mem_gib" in entry:
+        text += f"  {entry['gpu_mem_gib']:.1f} GiB"
+    return text
+
+
+def _progress(enabled: bool):
+    """A rich progress bar (loss, tokens/s, GPU memory in its text field); hidden if disabled."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    TextColumn("{task.fields[info]}"), disable=not enabled)
+
+
+def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> None:
+    """Training loss and the held-out metric (accuracy or perplexity) against step, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [h for h in history if "loss" in h and "eval" not in h]
+    evals = [h for h in history if "eval" in h]
+    metric = "accuracy" if evals and "accuracy" in evals[0]["eval"] else "perplexity"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot([h["step"] for h in train], [h["loss"] for h in train], label="train")
+    left.plot([h["step"] for h in evals], [h["eval"]["loss"] for h in evals], "o-", label="held out")
+    left.set(xlabel="step", ylabel="loss", title="loss")
+    left.legend()
+    right.plot([h["step"] for h in evals], [h["eval"].get(metric, math.nan) for h in evals], "o-")
+    right.set(xlabel="step", ylabel=metric, title=f"held-out {metric}")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`genoflash train`: parse flags (and --config), train, print the final held-out metrics."""
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    result = train(cfg)
+    print(json.dumps({"out_dir": cfg.out_dir, "final": result["final"]}, indent=2))
+    return 0
