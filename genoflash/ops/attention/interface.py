@@ -279,6 +279,21 @@ def _attend(q, k, v, args: AttentionArgs):
     return FlashAttnFunc.apply(q, k, v, args, backend)
 
 
+def _attention_args(q, lengths_q: list[int], lengths_k: list[int], dropout_p, softmax_scale, causal, window_size,
+                    softcap, alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
+                    **varlen) -> AttentionArgs:
+    """Validate the non-tensor arguments shared by both public functions, once, into AttentionArgs.
+    lengths_q/k are the per-sequence lengths (one entry for a fixed-length batch)."""
+    left, right = _check_window(window_size, causal)
+    cos, sin = _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q.shape[-1], lengths_q, lengths_k, q.device)
+    batch = len(lengths_q) if varlen else q.shape[0]
+    return AttentionArgs(
+        softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
+        softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, batch, q.shape[-2], q.device),
+        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved,
+        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset), **varlen)
+
+
 # ---------------------------------------------------------------- public functions
 
 def flash_attn_func(
@@ -336,14 +351,8 @@ def flash_attn_func(
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or (out, lse) when return_lse.
     """
     _check_qkv(q, k, v, varlen=False)
-    left, right = _check_window(window_size, causal)
-    cos, sin = _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q.shape[-1], [q.shape[1]], [k.shape[1]],
-                             q.device)
-    args = AttentionArgs(
-        softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
-        softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device),
-        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved,
-        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset))
+    args = _attention_args(q, [q.shape[1]], [k.shape[1]], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset)
     return _run(q, k, v, args, return_lse, return_attn_probs)
 
 
@@ -385,13 +394,8 @@ def flash_attn_varlen_func(
     lengths_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
     if len(lengths_q) != len(lengths_k):
         raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}")
-    left, right = _check_window(window_size, causal)
-    cos, sin = _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q.shape[-1], lengths_q, lengths_k, q.device)
-    args = AttentionArgs(
-        softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
-        softcap=_check_softcap(softcap),
-        alibi_slopes=_check_alibi(alibi_slopes, len(lengths_q), q.shape[1], q.device),
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved,
-        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset))
+    args = _attention_args(q, lengths_q, lengths_k, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
+                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                           max_seqlen_k=max_seqlen_k)
     return _run(q, k, v, args, return_lse, return_attn_probs)
