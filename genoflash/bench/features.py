@@ -12,7 +12,9 @@ Cases (bf16, H=8 or 16, D=128 unless noted):
   dv       value head dim != key head dim: (64, 192), (128, 192), (192, 128) at N = 16k
   alibi    ALiBi vs plain at N = 16k, H=16
   softcap  softcap 30 vs plain at N = 16k, H=16
-  rope     fused RoPE (all 128 channels) vs plain at N = 16k (H=16) and 64k (H=8)
+  rope     fused RoPE (all 128 channels) vs plain at N = 16k (H=16) and 64k (H=8), and vs the
+           unfused way: a separate rotary kernel (torch.compile'd, one kernel per tensor and
+           pass) on q and k, then attention without RoPE
   dropout  dropout 0.1 vs plain at N = 16k, H=16
 Results go to <out>/<gpu>-<date>-features.json.
 """
@@ -98,6 +100,28 @@ def mixed_lengths(total: int, seed: int = 0) -> list[int]:
     return lengths
 
 
+def _separate_rotary():
+    """The unfused competitor: NeoX rotary as its own compiled kernel (forward and backward),
+    writing rotated copies of q and k to HBM before attention reads them."""
+    def rotate(x, cos, sin):
+        half = cos.shape[-1]
+        c, s = cos[None, :x.shape[1], None, :], sin[None, :x.shape[1], None, :]
+        x1, x2 = x[..., :half].float(), x[..., half:2 * half].float()
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:].float()], -1).to(x.dtype)
+    return torch.compile(rotate, dynamic=False)
+
+
+def unfused_rope_case(name, seqlen, nheads, cos, sin) -> dict:
+    rotate = _separate_rotary()
+    pairs = visible_pairs(seqlen, seqlen, False, (-1, -1))
+    call = lambda q, k, v: flash_attn_func(rotate(q, cos, sin), rotate(k, cos, sin), v)  # noqa: E731
+    rec = measure(call, _qkv(1, seqlen, nheads, 128, 128), pairs, nheads, 128, 128)
+    print(f"{name:<28} fwd {rec['fwd_tflops']:6.1f} TF/s {rec['fwd_ms']:9.3f} ms | fwd+bwd "
+          f"{rec['fwd_bwd_tflops']:6.1f} TF/s {rec['fwd_bwd_ms']:9.3f} ms", flush=True)
+    return {"case": name, "batch": 1, "seqlen": seqlen, "nheads": nheads, "d": 128, "dv": 128,
+            "features": {"separate_rotary_kernel": "torch.compile", "rotary_dim": 128}, **rec}
+
+
 def run(cases: list[str]) -> list[dict]:
     results = []
     if "window" in cases:
@@ -124,6 +148,11 @@ def run(cases: list[str]) -> list[dict]:
             cos, sin = rotary_tables(n, 128, device="cuda")
             results.append(fixed_case(f"plain H{h} N{n}", 1, n, h))
             results.append(fixed_case(f"rope H{h} N{n}", 1, n, h, rotary_cos=cos, rotary_sin=sin))
+            try:
+                results.append(unfused_rope_case(f"rotary kernel+attn H{h} N{n}", n, h, cos, sin))
+            except Exception as e:  # record why the competitor could not run rather than lose the others
+                print(f"separate rotary kernel failed: {e}", flush=True)
+                results.append({"case": f"rotary kernel+attn H{h} N{n}", "error": str(e)[:300]})
     if "dropout" in cases:
         results.append(fixed_case("plain H16 N16k", 1, 16384, 16))
         results.append(fixed_case("dropout0.1 H16 N16k", 1, 16384, 16, dropout_p=0.1))
