@@ -11,6 +11,7 @@ set -euo pipefail
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+source scripts/device_env.sh
 
 if [[ -n "${OUT:-}" ]]; then
     mkdir -p "$OUT"

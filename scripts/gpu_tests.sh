@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite on a CUDA GPU, in one call (on the H200 through the device tool:
 # `bash scripts/gpu_tests.sh`). The GPU image already has torch, triton and pytest-xdist;
-# nothing is installed. Without TRITON_INTERPRET the `triton` backend runs compiled, bf16 is
+# what it lacks (pyfaidx) and ../shared/data are carried: run scripts/device_carry.sh here and pass
+# carry=[".whl", ".carry"]. Without TRITON_INTERPRET the `triton` backend runs compiled, bf16 is
 # added to every dtype grid, and the GPU-only scale tests (tests/test_gpu_scale.py) run.
 # With $OUT set, the log and a JUnit report are written there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/device_env.sh  # carried wheels (pyfaidx) and ../shared/data, if carried
 unset TRITON_INTERPRET
 out_dir=${OUT:-/tmp}
 python3 - <<'PY' | tee "$out_dir/gpu_env.txt"

@@ -31,12 +31,14 @@ def rope_then_attention(cos, sin, interleaved, **features):
     return fn
 
 
-def check(backend, device, batch, seqlen_q, seqlen_k, nheads, nheads_k, d, rotary_dim, interleaved, **features):
-    cos, sin = rotary_tables(max(seqlen_k, 1) + 3, rotary_dim, device=device)
+def check(backend, device, batch, seqlen_q, seqlen_k, nheads, nheads_k, d, rotary_dim, interleaved, dv=None,
+          table_dtype=torch.float32, **features):
+    cos, sin = rotary_tables(max(seqlen_k, 1) + 3, rotary_dim, device=device, dtype=table_dtype)
+    dv = dv or d
     q = torch.randn(batch, seqlen_q, nheads, d, device=device, dtype=DTYPE, requires_grad=True)
     k = torch.randn(batch, seqlen_k, nheads_k, d, device=device, dtype=DTYPE, requires_grad=True)
-    v = torch.randn(batch, seqlen_k, nheads_k, d, device=device, dtype=DTYPE, requires_grad=True)
-    dout = torch.randn(batch, seqlen_q, nheads, d, device=device, dtype=DTYPE)
+    v = torch.randn(batch, seqlen_k, nheads_k, dv, device=device, dtype=DTYPE, requires_grad=True)
+    dout = torch.randn(batch, seqlen_q, nheads, dv, device=device, dtype=DTYPE)
     with genoflash.use_backend(backend):
         got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
             a, b, c, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved, **features), q, k, v, dout)
@@ -50,6 +52,22 @@ def check(backend, device, batch, seqlen_q, seqlen_k, nheads, nheads_k, d, rotar
 def test_rotary_layouts_and_partial_dims(backend, interleaved, d, rotary_dim, device):
     torch.manual_seed(30)
     check(backend, device, 2, 77, 77, 2, 2, d, rotary_dim, interleaved)
+
+
+# The GPU tile configs depend on the head dims and on the tables' width in bytes (the tables
+# stream beside K or Q, in shared memory): each of these runs a different config on the GPU.
+WIDE_HEADS = [(128, 128, 128), (64, 64, 192), (256, 256, 256), (128, 128, 192)] if HAS_CUDA else [(128, 128, 128)]
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("d,rotary_dim,dv", WIDE_HEADS)
+def test_rotary_table_dtypes_and_wide_heads(backend, table_dtype, d, rotary_dim, dv, device):
+    """Tables in any float dtype (flash-attn passes them in q's dtype), at the production tile
+    configs: these crossed the shared-memory limit once, on the GPU only."""
+    torch.manual_seed(34)
+    n = 1000 if HAS_CUDA else 129
+    check(backend, device, 1, n, n, 2, 1, d, rotary_dim, False, dv=dv, table_dtype=table_dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

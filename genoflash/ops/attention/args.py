@@ -37,6 +37,12 @@ class AttentionArgs:
         return 0 if self.rotary_cos is None else 2 * self.rotary_cos.shape[1]
 
     @property
+    def rotary_table_bytes(self) -> int:
+        """Bytes per cos/sin entry (0 without RoPE): the tables stream beside K or Q, so tile
+        configs depend on it."""
+        return 0 if self.rotary_cos is None else self.rotary_cos.element_size()
+
+    @property
     def rotary_stride(self) -> int:
         return 0 if self.rotary_cos is None else self.rotary_cos.stride(0)
 

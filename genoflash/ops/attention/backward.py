@@ -24,9 +24,9 @@ import triton.language as tl
 from .block_info import _kv_block_range, _q_block_range
 from .configs import backward_config
 from .args import AttentionArgs
-from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, seq_strides
+from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .mask import _dropout_keep, _mask_scores
-from .rotary import _apply_rotary, _rotary_partner, _store_unrotated
+from .rotary import _load_qk, _qk_dot, _qk_grad_update, _store_qk_grad
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
@@ -60,17 +60,19 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                          start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                         HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr,
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                          ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
                          INPUT_PRECISION: tl.constexpr):
-    """Accumulate one key tile's dK (unscaled) and dV over query rows [lo, hi) of one head.
+    """Accumulate one key tile's dK (unscaled, rotated frame, as groups a/b/p) and dV over
+    query rows [lo, hi) of one head.
 
     Works in the transposed frame (keys down, queries across) so that dK and dV come out
     of the dots in the layout they are stored in. Rows past seqlen_q read as q = dO = 0
@@ -78,24 +80,19 @@ def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
     """
     offs_m = tl.arange(0, BLOCK_M)
     cols = (start_n + tl.arange(0, BLOCK_N))[:, None]
-    offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, BLOCK_M):
         rows = (start_m + offs_m)[None, :]
-        q_ptr = _row_ptr(q_base, start_m, stride_qm)
-        q = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
+        qa, qb, qp = _load_qk(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
+                              start_m + offs_m + (seqlen_k - seqlen_q), COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM,
+                              BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
         do = _load_tile(_row_ptr(do_base, start_m, stride_dom), offs_m, seqlen_q - start_m, stride_dom,
                         offs_dv, HEAD_DIM_V, BLOCK_DV, True)
         in_rows = offs_m < seqlen_q - start_m
-        if ROTARY_DIM > 0:
-            q_partner = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm,
-                                   _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
-            q = _apply_rotary(q, q_partner, start_m + offs_m + (seqlen_k - seqlen_q), in_rows, COS, SIN, stride_rot,
-                              offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
         lse2 = _lse_for_recompute(tl.load(_row_ptr(lse_base, start_m, 1) + offs_m, mask=in_rows,
                                           other=float("-inf")))
         delta = tl.load(_row_ptr(delta_base, start_m, 1) + offs_m, mask=in_rows, other=0.0)
-        sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)
+        sT = _qk_dot(ka, kb, kp, qa, qb, qp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         if HAS_SOFTCAP:
             sT, tanhT = _softcap(sT, softcap_in, softcap_out, FAST_TANH)
         if HAS_ALIBI:
@@ -115,8 +112,9 @@ def _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tanhT * tanhT)
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-    return dk, dv
+        dka, dkb, dkp = _qk_grad_update(dka, dkb, dkp, dsT.to(qp.dtype), qa, qb, qp, HEAD_DIM, ROTARY_DIM,
+                                        INPUT_PRECISION)
+    return dka, dkb, dkp, dv
 
 
 @triton.jit
@@ -132,8 +130,8 @@ def _attn_bwd_dkdv_kernel(
     nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
@@ -145,20 +143,17 @@ def _attn_bwd_dkdv_kernel(
     if start_n >= seqlen_k:
         return
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    # K and V tiles stay on chip; dK and dV accumulate in registers over all query tiles.
-    k_ptr = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn)
-    k = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, True)
-    in_keys = offs_n < seqlen_k - start_n
-    if ROTARY_DIM > 0:
-        k_partner = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn,
-                               _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
-        k = _apply_rotary(k, k_partner, start_n + offs_n, in_keys, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
-                          ROTARY_INTERLEAVED, False).to(k.dtype)
+    # K (rotated once, with RoPE) and V tiles stay on chip; dK and dV accumulate in registers
+    # over all query tiles.
+    ka, kb, kp = _load_qk(_row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn),
+                          offs_n, seqlen_k - start_n, stride_kn, start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM,
+                          ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_N, True)
     v = _load_tile(_row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start + start_n, stride_vn),
                    offs_n, seqlen_k - start_n, stride_vn, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dka = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
+    dkb = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
+    dkp = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
     lo, mid_lo, mid_hi, hi = _q_block_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
@@ -176,66 +171,61 @@ def _attn_bwd_dkdv_kernel(
             slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
         bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
-        dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, INPUT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       False, INPUT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                       start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, INPUT_PRECISION)
 
-    dk_ptr = _row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn)
-    if ROTARY_DIM > 0:  # dk is w.r.t. the rotated keys; the transposed rotation maps it back
-        _store_unrotated(dk_ptr, dk * softmax_scale, start_n + offs_n, offs_n, seqlen_k - start_n, stride_dkn,
-                         offs_d, COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, ROTARY_DIM, ROTARY_INTERLEAVED)
-    else:
-        _store_tile(dk_ptr, dk * softmax_scale, offs_n, seqlen_k - start_n, stride_dkn, offs_d, HEAD_DIM, BLOCK_D)
+    # dk is w.r.t. the rotated keys; with RoPE the transposed rotation maps it back on the way out.
+    _store_qk_grad(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
+                   dka * softmax_scale, dkb * softmax_scale, dkp * softmax_scale, start_n + offs_n, offs_n,
+                   seqlen_k - start_n, stride_dkn, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                   ROTARY_INTERLEAVED)
     _store_tile(_row_ptr(_head_base(DV, off_b, off_hk, stride_dvb, stride_dvh), k_start + start_n, stride_dvn),
                 dv, offs_n, seqlen_k - start_n, stride_dvn, offs_dv, HEAD_DIM_V, BLOCK_DV)
 
 
 @triton.jit
-def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
+def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
                        seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                        slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                        dropout_rescale,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                       BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                       HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                        ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
                        INPUT_PRECISION: tl.constexpr):
-    """Accumulate one query tile's dQ (unscaled) over key tiles [lo, hi)."""
+    """Accumulate one query tile's dQ (unscaled, rotated frame, as groups a/b/p) over key tiles [lo, hi)."""
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
-        k_ptr = _row_ptr(k_base, start_n, stride_kn)
-        k = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
+                              start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                              ROTARY_INTERLEAVED, BLOCK_N, MASKED)
         v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
                        offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
-        if ROTARY_DIM > 0:
-            k_partner = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn,
-                                   _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, MASKED)
-            k = _apply_rotary(k, k_partner, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot,
-                              offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, tanh_s = _softcap(s, softcap_in, softcap_out, FAST_TANH)
         if HAS_ALIBI:
@@ -251,8 +241,9 @@ def _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - tanh_s * tanh_s)
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
-    return dq
+        dqa, dqb, dqp = _qk_grad_update(dqa, dqb, dqp, ds.to(kp.dtype), ka, kb, kp, HEAD_DIM, ROTARY_DIM,
+                                        INPUT_PRECISION)
+    return dqa, dqb, dqp
 
 
 @triton.jit
@@ -267,8 +258,8 @@ def _attn_bwd_dq_kernel(
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
@@ -280,21 +271,16 @@ def _attn_bwd_dq_kernel(
         return
     off_hk = off_h // kv_group
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     row = q_start + start_m
-    # Q, dO, lse and delta for this tile stay on chip for the whole key loop.
-    q_ptr = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm)
-    q = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
+    # Q (rotated once, with RoPE), dO, lse and delta for this tile stay on chip for the whole key loop.
+    q_positions = start_m + offs_m + (seqlen_k - seqlen_q)
+    qa, qb, qp = _load_qk(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm), offs_m,
+                          seqlen_q - start_m, stride_qm, q_positions, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM,
+                          BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
     do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
                     seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     in_rows = offs_m < seqlen_q - start_m
-    q_positions = start_m + offs_m + (seqlen_k - seqlen_q)
-    if ROTARY_DIM > 0:
-        q_partner = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm,
-                               _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
-        q = _apply_rotary(q, q_partner, q_positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
-                          ROTARY_INTERLEAVED, False).to(q.dtype)
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     lse2 = _lse_for_recompute(tl.load(lse_ptr + offs_m, mask=in_rows, other=float("-inf")))
@@ -305,34 +291,35 @@ def _attn_bwd_dq_kernel(
     if HAS_ALIBI:
         slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
     bh = off_b * nheads + off_h
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dqa = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    dqb = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    dqp = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
 
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
+    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
-    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo, mid_hi,
+    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, False, INPUT_PRECISION)
-    dq = _attn_bwd_dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
+    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
-    dq_ptr = _row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm)
-    if ROTARY_DIM > 0:  # dq is w.r.t. the rotated queries; the transposed rotation maps it back
-        _store_unrotated(dq_ptr, dq * softmax_scale, q_positions, offs_m, seqlen_q - start_m, stride_dqm, offs_d,
-                         COS, SIN, stride_rot, HEAD_DIM, BLOCK_D, ROTARY_DIM, ROTARY_INTERLEAVED)
-    else:
-        _store_tile(dq_ptr, dq * softmax_scale, offs_m, seqlen_q - start_m, stride_dqm, offs_d, HEAD_DIM, BLOCK_D)
+    # dq is w.r.t. the rotated queries; with RoPE the transposed rotation maps it back on the way out.
+    _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
+                   dqa * softmax_scale, dqb * softmax_scale, dqp * softmax_scale, q_positions, offs_m,
+                   seqlen_q - start_m, stride_dqm, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                   ROTARY_INTERLEAVED)
 
 
 def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
@@ -340,8 +327,8 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     kv_group = nheads // nheads_k
-    cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device)
-    block_d, block_dv = head_block(head_dim), head_block(head_dim_v)
+    cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes)
+    block_dv = head_block(head_dim_v)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
     stride_lse_b, stride_lse_h = (0, lse.stride(0)) if a.varlen else (lse.stride(0), lse.stride(1))
@@ -357,7 +344,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    shared = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, **constexprs)
+    shared = dict(HEAD_DIM=head_dim, **qk_blocks(head_dim, a.rotary_dim), HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, **constexprs)
 
     num_n_blocks = triton.cdiv(seqlen_k, cfg.dkdv.block_n)
     _attn_bwd_dkdv_kernel[(num_n_blocks * batch * nheads_k,)](

@@ -1,4 +1,4 @@
-"""Tile sizes and launch settings per (head dim, causal, dtype, device).
+"""Tile sizes and launch settings per (head dims, causal, dtype, RoPE table width, device).
 
 Kept apart from the kernels and the interface, so tuning touches one table. The GPU
 entries were chosen by measurement on the H200 (see benchmarks/NOTES.md); the
@@ -39,7 +39,8 @@ _INTERPRETER_BWD = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64)
 _override: dict[str, object] = {}
 
 
-def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype) -> TileConfig:
+def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
+                 rotary_table_bytes: int) -> TileConfig:
     widest = max(head_dim, head_dim_v)
     if dtype == torch.float32:
         # fp32 (exact "ieee" dots) is for tests and CPU-sized work; small tiles keep the
@@ -51,14 +52,21 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
     # hd256 64x64 w4 s3 296.
     if widest <= 64:
         return TileConfig(128, 64, num_warps=8, num_stages=3)
+    if rotary_table_bytes and widest <= 128:
+        # RoPE streams a cos and a sin tile (BLOCK_N x D/2) beside each K tile; 128x128 with
+        # 3 stages no longer fits in shared memory (benchmarks/offline_compile.py).
+        return TileConfig(128, 128, 8, 2) if rotary_table_bytes <= 2 else TileConfig(128, 64, 8, 3)
     if widest <= 128:
         return TileConfig(128, 128, num_warps=8, num_stages=3)
+    if rotary_table_bytes:
+        return TileConfig(64, 32, 4, 3)
     if head_dim + head_dim_v <= 320:
         return TileConfig(128, 64, num_warps=8, num_stages=3)
     return TileConfig(64, 64, num_warps=4, num_stages=3)
 
 
-def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype) -> BackwardConfig:
+def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
+                  rotary_table_bytes: int) -> BackwardConfig:
     widest = max(head_dim, head_dim_v)
     if dtype == torch.float32:
         if widest <= 64:
@@ -67,8 +75,13 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     # Measured on the H200 as the forward: dK/dV chosen first, then dQ with the best dK/dV.
     if widest <= 64:
         return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3))
+    if rotary_table_bytes and widest <= 128:
+        # RoPE: the rotated Q tiles and their tables make 64x128 spill registers in dK/dV.
+        return BackwardConfig(TileConfig(64, 64, 8, 3), TileConfig(128, 64, 8, 2))
     if widest <= 128:
         return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3))
+    if rotary_table_bytes:
+        return BackwardConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2))
     if head_dim + head_dim_v <= 256:  # (64, 192): whole backward 9.3 ms at B1 H8 N16k
         return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3))
     if head_dim + head_dim_v <= 320:  # (128, 192), (192, 128): 13.9 / 14.1 ms
@@ -77,21 +90,21 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
 
 
 def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                   device: torch.device) -> TileConfig:
+                   device: torch.device, rotary_table_bytes: int = 0) -> TileConfig:
     if "forward" in _override:
         return _override["forward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_FWD
-    return _gpu_forward(head_dim, head_dim_v, causal, dtype)
+    return _gpu_forward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes)
 
 
 def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                    device: torch.device) -> BackwardConfig:
+                    device: torch.device, rotary_table_bytes: int = 0) -> BackwardConfig:
     if "backward" in _override:
         return _override["backward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_BWD
-    return _gpu_backward(head_dim, head_dim_v, causal, dtype)
+    return _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes)
 
 
 @contextlib.contextmanager

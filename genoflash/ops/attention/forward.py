@@ -18,7 +18,7 @@ from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
 from .mask import _dropout_keep, _mask_scores
-from .rotary import _apply_rotary, _rotary_partner
+from .rotary import _load_qk, _qk_dot
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
@@ -27,12 +27,12 @@ from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 
 
 @triton.jit
-def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
+def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                     slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                     dropout_rescale,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                     ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
@@ -44,19 +44,15 @@ def _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, star
     """
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
         # Only masked tiles can hold the seqlen_k tail, so only they check rows.
-        k_ptr = _row_ptr(k_base, start_n, stride_kn)
-        k = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        if ROTARY_DIM > 0:  # key j sits at position j
-            k_partner = _load_tile(k_ptr, offs_n, seqlen_k - start_n, stride_kn,
-                                   _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, MASKED)
-            k = _apply_rotary(k, k_partner, start_n + offs_n, offs_n < seqlen_k - start_n, COS, SIN, stride_rot,
-                              offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(k.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        # With RoPE, key j sits at position j and the K tile is rotated as it arrives.
+        ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
+                              start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                              ROTARY_INTERLEAVED, BLOCK_N, MASKED)
+        s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
         if HAS_ALIBI:
@@ -85,8 +81,8 @@ def _attn_fwd_kernel(
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
@@ -99,17 +95,14 @@ def _attn_fwd_kernel(
         return
     off_hk = off_h // kv_group  # GQA: query heads share K/V heads; K/V are never expanded
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    # The Q tile is loaded once and stays on chip for the whole key loop.
+    # The Q tile is loaded (and rotated) once and stays on chip for the whole key loop.
+    # With RoPE, query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment).
     q_ptr = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm)
-    q = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm, offs_d, HEAD_DIM, BLOCK_D, True)
-    if ROTARY_DIM > 0:  # query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment)
-        q_partner = _load_tile(q_ptr, offs_m, seqlen_q - start_m, stride_qm,
-                               _rotary_partner(offs_d, ROTARY_DIM, ROTARY_INTERLEAVED), HEAD_DIM, BLOCK_D, True)
-        q = _apply_rotary(q, q_partner, start_m + offs_m + (seqlen_k - seqlen_q), offs_m < seqlen_q - start_m,
-                          COS, SIN, stride_rot, offs_d, ROTARY_DIM, ROTARY_INTERLEAVED, False).to(q.dtype)
+    qa, qb, qp = _load_qk(q_ptr, offs_m, seqlen_q - start_m, stride_qm, start_m + offs_m + (seqlen_k - seqlen_q),
+                          COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED,
+                          BLOCK_M, True)
     k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
     v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
     slope_raw = 0.0
@@ -124,25 +117,25 @@ def _attn_fwd_kernel(
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # Left edge of a sliding window: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
-                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
+                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
     # Whole tiles where every score is visible: no mask work.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo,
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                                     softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
-                                    dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_D,
-                                    HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                    dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R,
+                                    BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                     HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, False,
                                     INPUT_PRECISION)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
-                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_D, HEAD_DIM_V,
+                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
 
@@ -161,6 +154,13 @@ def input_precision(dtype: torch.dtype) -> str:
 def head_block(head_dim: int) -> int:
     # tl.dot needs every dimension >= 16; smaller or non-power-of-two head dims are padded by masks.
     return max(16, triton.next_power_of_2(head_dim))
+
+
+def qk_blocks(head_dim: int, rotary_dim: int) -> dict:
+    """Block widths of the channel groups a Q/K tile is held as (rotary.py): the rotating pairs'
+    halves (BLOCK_R) and the pass-through channels (BLOCK_P; all channels without RoPE)."""
+    return dict(BLOCK_R=head_block(rotary_dim // 2) if rotary_dim else 16,
+                BLOCK_P=head_block(head_dim - rotary_dim) if rotary_dim < head_dim else 16)
 
 
 def seq_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
@@ -222,7 +222,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
     lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, q.shape[0], a.varlen, q.device)
-    cfg = forward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device)
+    cfg = forward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes)
     num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
@@ -231,7 +231,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads, nheads // nheads_k, seqlen_q, seqlen_k, num_m_blocks, *scalars,
-        HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v),
+        HEAD_DIM=head_dim, **qk_blocks(head_dim, a.rotary_dim), HEAD_DIM_V=head_dim_v,
+        BLOCK_DV=head_block(head_dim_v),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, **constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -1,14 +1,21 @@
-"""Rotary position embedding applied to Q and K tiles on chip, right after they are loaded.
+"""Q and K tiles as three channel groups, so RoPE can rotate them on chip.
 
-No rotated copy of Q or K is ever written to memory. A tile's channel d is rotated with
-its partner channel (d +- rotary_dim/2 in the NeoX layout, d ^ 1 interleaved) by the
-angle of pair col(d) at the row's position:
-    x'[d] = x[d] * cos + sign(d) * x[partner(d)] * sin,   sign = -1 for a pair's first channel.
-The transposed rotation (sign flipped) maps gradients w.r.t. rotated q/k back to q/k.
-
-The partner values come from a second load of the same tile with permuted columns (an
-L1/L2 hit), not a register gather: on the H200, tl.gather across a 128-wide tile inside the
-pipelined key loop asked for 480 KB of shared memory (triton 3.6) and did not compile.
+RoPE rotates channel pairs: pair m is (first(m), second(m)) = (m, m + R/2) in the NeoX
+layout and (2m, 2m + 1) interleaved, for R = rotary_dim; channels R..D-1 pass through.
+A Q or K tile is therefore carried as three register tiles:
+    a = the first channels of the pairs, rotated    (rows, BLOCK_R)
+    b = the second channels of the pairs, rotated   (rows, BLOCK_R)
+    p = the pass-through channels R..D-1            (rows, BLOCK_P)
+and a score is the sum of three dots, q.k = qa.ka + qb.kb + qp.kp: a dot product does
+not care in which order its channels come. Rotating a pair needs both of its channels,
+and here they sit at the same index of a and b, so no register shuffle, partner reload or
+round trip through memory is needed, and the tables are read at half width (one cos and
+one sin per pair):
+    a' = a cos - b sin,   b' = b cos + a sin.
+Without RoPE (R = 0) the tile is just p, and the kernels compile to exactly one dot.
+No rotated copy of Q or K is ever written to memory. Gradients come out of the dots in the
+rotated frame, also as halves, and the transposed rotation maps them back before the store:
+    dL/da = ga cos + gb sin,   dL/db = gb cos - ga sin.
 """
 
 import triton
@@ -18,64 +25,106 @@ from .tiles import _load_tile, _store_tile
 
 
 @triton.jit
-def _rotary_layout(offs_d, ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Per channel: (partner channel, table column, sign, rotates?). Channels >= ROTARY_DIM pass."""
-    HALF: tl.constexpr = ROTARY_DIM // 2
+def _pair_columns(offs_r, ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Channels (first, second) of rotating pair m = offs_r."""
     if INTERLEAVED:
-        partner = offs_d ^ 1
-        col = offs_d // 2
-        first = (offs_d % 2) == 0
-    else:
-        first = offs_d < HALF
-        partner = tl.where(first, offs_d + HALF, offs_d - HALF)
-        col = tl.where(first, offs_d, offs_d - HALF)
-    rotates = offs_d < ROTARY_DIM
-    return tl.where(rotates, partner, offs_d), tl.where(rotates, col, 0), tl.where(first, -1.0, 1.0), rotates
+        return 2 * offs_r, 2 * offs_r + 1
+    return offs_r, offs_r + ROTARY_DIM // 2
 
 
 @triton.jit
-def _rotary_partner(offs_d, ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Column each channel pairs with (itself past ROTARY_DIM): load the tile again at these."""
-    partner, _, _, _ = _rotary_layout(offs_d, ROTARY_DIM, INTERLEAVED)
-    return partner
-
-
-@triton.jit
-def _apply_rotary(x, x_partner, positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM: tl.constexpr,
-                  INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr):
-    """Rotate a (rows, BLOCK_D) tile whose rows sit at `positions`; returns float32.
-
-    x_partner is the same tile read at the _rotary_partner columns. in_rows masks rows past
-    the sequence end (their table rows may not exist)."""
-    _, col, sign, rotates = _rotary_layout(offs_d, ROTARY_DIM, INTERLEAVED)
-    if INVERSE:
-        sign = -sign
-    xf = x.to(tl.float32)
-    x_partner = x_partner.to(tl.float32)
-    table = positions[:, None].to(tl.int64) * stride_rot + col[None, :]
-    mask = in_rows[:, None] & rotates[None, :]
+def _rotary_angles(COS, SIN, stride_rot, positions, in_rows, offs_r, ROTARY_DIM: tl.constexpr):
+    """cos and sin (rows, BLOCK_R) in float32 of pair m = offs_r at each row's position.
+    Rows past the sequence end (in_rows false) and padded pairs read cos 1, sin 0."""
+    table = positions[:, None].to(tl.int64) * stride_rot + offs_r[None, :]
+    mask = in_rows[:, None] & (offs_r < ROTARY_DIM // 2)[None, :]
     cos = tl.load(COS + table, mask=mask, other=1.0).to(tl.float32)
     sin = tl.load(SIN + table, mask=mask, other=0.0).to(tl.float32)
-    return xf * cos + sign[None, :] * x_partner * sin
+    return cos, sin
 
 
 @triton.jit
-def _store_unrotated(base, grad, positions, offs_row, n_rows, stride_row, offs_d, COS, SIN, stride_rot,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                     INTERLEAVED: tl.constexpr):
-    """Store a gradient w.r.t. rotated q or k as the gradient w.r.t. q or k.
+def _pair_ptrs_mask(base, offs_row, n_rows, stride_row, columns, offs_r, ROTARY_DIM: tl.constexpr,
+                    CHECK_ROWS: tl.constexpr):
+    ptrs = base + offs_row[:, None] * stride_row + columns[None, :]
+    mask = (offs_r < ROTARY_DIM // 2)[None, :]
+    if CHECK_ROWS:
+        mask = mask & (offs_row[:, None] < n_rows)
+    return ptrs, mask
 
-    The partner columns of a register tile are not addressable, so the tile goes through its
-    own output rows: store, barrier, read both column orders back, rotate by the transpose,
-    barrier (every thread has read before any overwrites), store. Only this program touches
-    these rows, and a CTA barrier orders its global memory accesses."""
-    _store_tile(base, grad, offs_row, n_rows, stride_row, offs_d, HEAD_DIM, BLOCK_D)
-    tl.debug_barrier()
-    in_rows = offs_row < n_rows
-    g = _load_tile(base, offs_row, n_rows, stride_row, offs_d, HEAD_DIM, BLOCK_D, True)
-    g_partner = _load_tile(base, offs_row, n_rows, stride_row, _rotary_partner(offs_d, ROTARY_DIM, INTERLEAVED),
-                           HEAD_DIM, BLOCK_D, True)
-    unrotated = _apply_rotary(g, g_partner, positions, in_rows, COS, SIN, stride_rot, offs_d, ROTARY_DIM,
-                              INTERLEAVED, True)
-    tl.debug_barrier()
-    _store_tile(base, unrotated, offs_row, n_rows, stride_row, offs_d, HEAD_DIM, BLOCK_D)
+
+@triton.jit
+def _load_qk(base, offs_row, n_rows, stride_row, positions, COS, SIN, stride_rot,
+             HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+             INTERLEAVED: tl.constexpr, BLOCK_ROWS: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """Load a Q or K tile as (a, b, p) in its own dtype, the pairs rotated to `positions`.
+
+    Rows past n_rows (when CHECK_ROWS) and padded channels read as 0, so they add nothing
+    to a dot. Groups that do not exist (a and b without RoPE, p when R = D) are zeros that
+    the kernels never use."""
+    offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
+    if ROTARY_DIM < HEAD_DIM:
+        p = _load_tile(base, offs_row, n_rows, stride_row, offs_p, HEAD_DIM, ROTARY_DIM + BLOCK_P, CHECK_ROWS)
+    else:
+        p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=base.dtype.element_ty)
+    if ROTARY_DIM > 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
+        ptrs_a, mask = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, first, offs_r, ROTARY_DIM, CHECK_ROWS)
+        ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, CHECK_ROWS)
+        a = tl.load(ptrs_a, mask=mask, other=0.0)
+        b = tl.load(ptrs_b, mask=mask, other=0.0)
+        cos, sin = _rotary_angles(COS, SIN, stride_rot, positions, offs_row < n_rows, offs_r, ROTARY_DIM)
+        a32 = a.to(tl.float32)
+        b32 = b.to(tl.float32)
+        a = (a32 * cos - b32 * sin).to(p.dtype)
+        b = (b32 * cos + a32 * sin).to(p.dtype)
+    else:
+        a = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=p.dtype)
+        b = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=p.dtype)
+    return a, b, p
+
+
+@triton.jit
+def _qk_dot(xa, xb, xp, ya, yb, yp, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+    """x . y^T over all channels, for tiles held as (a, b, p): (rows of x, rows of y) float32."""
+    if ROTARY_DIM > 0:
+        s = tl.dot(xa, tl.trans(ya), input_precision=INPUT_PRECISION)
+        s = tl.dot(xb, tl.trans(yb), s, input_precision=INPUT_PRECISION)
+        if ROTARY_DIM < HEAD_DIM:
+            s = tl.dot(xp, tl.trans(yp), s, input_precision=INPUT_PRECISION)
+    else:
+        s = tl.dot(xp, tl.trans(yp), input_precision=INPUT_PRECISION)
+    return s
+
+
+@triton.jit
+def _qk_grad_update(ga, gb, gp, ds, ya, yb, yp, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr):
+    """g += ds @ y, group by group: the gradient w.r.t. the rotated x of s = x . y^T."""
+    if ROTARY_DIM > 0:
+        ga = tl.dot(ds, ya, ga, input_precision=INPUT_PRECISION)
+        gb = tl.dot(ds, yb, gb, input_precision=INPUT_PRECISION)
+    if ROTARY_DIM < HEAD_DIM:
+        gp = tl.dot(ds, yp, gp, input_precision=INPUT_PRECISION)
+    return ga, gb, gp
+
+
+@triton.jit
+def _store_qk_grad(base, ga, gb, gp, positions, offs_row, n_rows, stride_row, COS, SIN, stride_rot,
+                   HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Store a gradient held as rotated-frame groups (float32) as the gradient w.r.t. the
+    unrotated q or k: the pairs go through the transposed rotation, p is stored as is."""
+    if ROTARY_DIM < HEAD_DIM:
+        offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
+        _store_tile(base, gp, offs_row, n_rows, stride_row, offs_p, HEAD_DIM, ROTARY_DIM + BLOCK_P)
+    if ROTARY_DIM > 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
+        cos, sin = _rotary_angles(COS, SIN, stride_rot, positions, offs_row < n_rows, offs_r, ROTARY_DIM)
+        ptrs_a, mask = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, first, offs_r, ROTARY_DIM, True)
+        ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, True)
+        tl.store(ptrs_a, (ga * cos + gb * sin).to(base.dtype.element_ty), mask=mask)
+        tl.store(ptrs_b, (gb * cos - ga * sin).to(base.dtype.element_ty), mask=mask)

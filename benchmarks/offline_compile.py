@@ -1,0 +1,147 @@
+"""Compile genoflash's Triton kernels for the H200 (sm_90) on a machine without a GPU.
+
+Reports, per kernel launched by the given call: shared memory, registers and spills (from
+ptxas -v). This catches "out of resource: shared memory" and register spills before a
+device call is spent on them. The kernels are compiled, never run: outputs are garbage.
+
+    python benchmarks/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
+
+CASE is plain, rope (fp32 tables), rope-bf16, window or dropout; --fwd/--dkdv/--dq force tiles.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ["GENOFLASH_OFFLINE_COMPILE"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+
+class _Sm90Driver:
+    """Just enough of a CUDA driver for Triton to compile (not launch) for sm_90."""
+
+    def __init__(self):
+        from triton.backends.nvidia.driver import CudaUtils  # noqa: F401  (fails loudly if absent)
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_device_interface(self):
+        return torch.cuda
+
+
+COMPILED: list = []
+
+
+def _compile_only(self, *args, grid, warmup, **kwargs):
+    kernel = _original_run(self, *args, grid=grid, warmup=True, **kwargs)
+    COMPILED.append((self.fn.__name__, kwargs.get("num_warps"), kwargs.get("num_stages"), kernel))
+    return kernel
+
+
+_original_run = JITFunction.run
+
+
+def ptxas_report(kernel) -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+    ptxas = get_ptxas(90).path
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(kernel.asm["ptx"])
+    out = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                         capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", out.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", out.stderr)
+    return f"regs {regs.group(1) if regs else '?'} spill-stores {spill.group(1) if spill else '?'}"
+
+
+def _tiles(text):
+    from genoflash.ops.attention.configs import TileConfig
+    return TileConfig(*(int(x) for x in text.split(",")))
+
+
+def main(argv):
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", nargs="?", default="plain")
+    parser.add_argument("d", nargs="?", type=int, default=128)
+    parser.add_argument("dv", nargs="?", type=int)
+    parser.add_argument("--fwd")
+    parser.add_argument("--dkdv")
+    parser.add_argument("--dq")
+    parser.add_argument("--rotary-dim", type=int)
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args(argv)
+    driver.set_active(_Sm90Driver())
+    JITFunction.run = _compile_only
+    from genoflash.ops.attention.backward import attention_backward  # noqa: F401
+    import genoflash
+    from genoflash.ops.attention import configs, interface
+    from genoflash.rotary import rotary_tables
+
+    # CPU tensors stand in for CUDA ones: skip the device check, and pick the GPU tile configs.
+    interface._check_triton_device = lambda q: None
+    gpu = torch.device("cuda")
+    fwd_cfg, bwd_cfg = configs.forward_config, configs.backward_config
+    configs.forward_config = lambda d, dv, causal, dt, device, *rest: fwd_cfg(d, dv, causal, dt, gpu, *rest)
+    configs.backward_config = lambda d, dv, causal, dt, device, *rest: bwd_cfg(d, dv, causal, dt, gpu, *rest)
+    for mod in ("forward", "backward"):
+        m = sys.modules[f"genoflash.ops.attention.{mod}"]
+        for name in ("forward_config", "backward_config"):
+            if hasattr(m, name):
+                setattr(m, name, getattr(configs, name))
+
+    case, d = args.case, args.d
+    dv = args.dv or d
+    rotary_dim = args.rotary_dim or d
+    dtype = getattr(torch, args.dtype)
+    n, h = 1024, 2
+    q, k = (torch.randn(1, n, h, d, dtype=dtype, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, n, h, dv, dtype=dtype, requires_grad=True)
+    kw = {}
+    if case == "rope":
+        cos, sin = rotary_tables(n, rotary_dim, dtype=torch.float32)
+        kw = dict(rotary_cos=cos, rotary_sin=sin)
+    elif case == "rope-bf16":
+        cos, sin = rotary_tables(n, rotary_dim, dtype=dtype)
+        kw = dict(rotary_cos=cos, rotary_sin=sin)
+    elif case == "window":
+        kw = dict(window_size=(256, 256))
+    elif case == "dropout":
+        kw = dict(dropout_p=0.1)
+    fwd = _tiles(args.fwd) if args.fwd else None
+    bwd = None
+    if args.dkdv or args.dq:
+        gpu_default = bwd_cfg(d, dv, False, dtype, gpu, 4 if case == "rope" else 2 if "rope" in case else 0)
+        bwd = configs.BackwardConfig(_tiles(args.dkdv) if args.dkdv else gpu_default.dkdv,
+                                     _tiles(args.dq) if args.dq else gpu_default.dq)
+    with genoflash.use_backend("triton"), configs.override_configs(fwd, bwd):
+        out = genoflash.flash_attn_func(q, k, v, **kw)
+        out.backward(torch.randn_like(out))
+    for name, warps, stages, kernel in COMPILED:
+        if name == "_attn_bwd_preprocess_kernel":
+            continue
+        print(f"{case} {args.dtype} d={d} dv={dv} r={rotary_dim if 'rope' in case else 0} {name:<22} warps {warps} stages {stages} shared {kernel.metadata.shared:>7} "
+              f"{ptxas_report(kernel)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
