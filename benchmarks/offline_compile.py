@@ -127,10 +127,14 @@ def main(argv):
         kw = dict(window_size=(256, 256))
     elif case == "dropout":
         kw = dict(dropout_p=0.1)
+    elif case == "rope-dropout":
+        cos, sin = rotary_tables(n, rotary_dim, dtype=torch.float32)
+        kw = dict(rotary_cos=cos, rotary_sin=sin, dropout_p=0.1)
     fwd = _tiles(args.fwd) if args.fwd else None
     bwd = None
     if args.dkdv or args.dq:
-        gpu_default = bwd_cfg(d, dv, False, dtype, gpu, 4 if case == "rope" else 2 if "rope" in case else 0)
+        gpu_default = bwd_cfg(d, dv, False, dtype, gpu, 4 if case in ("rope", "rope-dropout") else 2 if "rope" in case else 0,
+                              "dropout" in case)
         bwd = configs.BackwardConfig(_tiles(args.dkdv) if args.dkdv else gpu_default.dkdv,
                                      _tiles(args.dq) if args.dq else gpu_default.dq)
     with genoflash.use_backend("triton"), configs.override_configs(fwd, bwd):

@@ -26,7 +26,7 @@ from genoflash.ops.attention.configs import (BackwardConfig, TileConfig, backwar
                                              override_configs)
 from genoflash.ops.attention.forward import attention_forward
 
-# (batch, nheads, seqlen, d, dv, causal, window[, rotary table dtype])
+# (batch, nheads, seqlen, d, dv, causal, window[, rotary table dtype or "dropout"])
 SETS = {
     "core": [(1, 32, 16384, 64, 64, False, None), (1, 16, 16384, 128, 128, False, None),
              (1, 16, 16384, 128, 128, True, None), (2, 8, 8192, 256, 256, False, None)],
@@ -34,6 +34,7 @@ SETS = {
            (1, 8, 16384, 192, 128, False, None)],
     "window": [(1, 8, 16384, 128, 128, False, (2048, 2048))],
     "rope": [(1, 16, 16384, 128, 128, False, None, torch.float32), (1, 16, 16384, 128, 128, False, None, torch.float16)],
+    "dropout": [(1, 16, 16384, 128, 128, False, None, "dropout")],
 }
 FWD = [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 128, 8, 3),
                                 (128, 32, 8, 3)]]
@@ -42,6 +43,9 @@ DKDV = [TileConfig(*c) for c in [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 
 DQ = [TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 8, 2)]]
 # RoPE streams cos/sin tiles beside K (or Q): fewer stages or narrower tiles to fit shared memory.
 CANDIDATES = {
+    "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 8, 3), (128, 64, 8, 2)]],
+                [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3)]],
+                [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3)]]),
     "rope": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3)]],
              [TileConfig(*c) for c in [(64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3), (64, 128, 8, 3),
                                        (32, 64, 4, 3)]],
@@ -77,7 +81,10 @@ def main() -> None:
         for shape in SETS[set_name]:
             b, h, n, d, dv, causal, window = shape[:7]
             tables = {}
-            if len(shape) > 7:
+            if len(shape) > 7 and shape[7] == "dropout":
+                from genoflash.ops.attention.dropout import DropoutArgs
+                tables = dict(dropout=DropoutArgs(0.1, 1234, 0))
+            elif len(shape) > 7:
                 from genoflash.rotary import rotary_tables
                 cos, sin = rotary_tables(n, d, device="cuda", dtype=shape[7])
                 tables = dict(rotary_cos=cos, rotary_sin=sin)
@@ -87,13 +94,15 @@ def main() -> None:
             left, right = window or (-1, -1)
             a = AttentionArgs(d ** -0.5, left, 0 if causal else right, **tables)
             out, lse = attention_forward(q, k, v, a)
-            default_bwd = backward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes)
-            print(f"{shape} defaults: fwd {forward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes)}"
-                  f" bwd {default_bwd}")
+            has_dropout = a.dropout is not None
+            default_bwd = backward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes, has_dropout)
+            default_fwd = forward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes, has_dropout)
+            print(f"{shape} defaults: fwd {default_fwd} bwd {default_bwd}")
             for cfg in fwd_candidates:
                 bench(shape, "fwd", cfg, lambda: attention_forward(q, k, v, a), fwd_cfg=cfg)
             backward = lambda: attention_backward(dout, q, k, v, out, lse, a)  # noqa: E731
-            timed = [(bench(shape, "dkdv", c, backward, bwd_cfg=BackwardConfig(c, default_bwd.dq)), c) for c in dkdv_candidates]
+            timed = [(bench(shape, "dkdv", c, backward, bwd_cfg=BackwardConfig(c, default_bwd.dq)), c)
+                     for c in dkdv_candidates]
             timed = [t for t in timed if t[0] is not None]
             best_dkdv = min(timed, key=lambda t: t[0])[1] if timed else default_bwd.dkdv
             for cfg in dq_candidates:

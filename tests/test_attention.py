@@ -175,3 +175,41 @@ def test_default_backend_follows_device(monkeypatch):
     monkeypatch.setenv("GENOFLASH_BACKEND", "cudnn")
     with pytest.raises(ValueError, match="GENOFLASH_BACKEND"):
         select_backend(torch.device("cpu"))
+
+
+def test_launch_steps_down_pipeline_stages_when_shared_memory_runs_out():
+    """A tiling that does not fit on chip is retried with fewer stages, and the fit is remembered."""
+    from triton.runtime.errors import OutOfResources
+
+    from genoflash.ops.attention.configs import TileConfig
+    from genoflash.ops.attention.launch import launch
+
+    stages_tried = []
+
+    class KernelThatFitsOneStage:
+        class fn:
+            __name__ = "fits_one_stage"
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constexprs):
+                stages_tried.append(num_stages)
+                if num_stages > 1:
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+            return run
+
+    launch(KernelThatFitsOneStage(), (1,), TileConfig(64, 64, 4, 3), BLOCK=64)
+    assert stages_tried == [3, 2, 1]
+    launch(KernelThatFitsOneStage(), (1,), TileConfig(64, 64, 4, 3), BLOCK=64)
+    assert stages_tried == [3, 2, 1, 1]
+
+    class NeverFits:
+        class fn:
+            __name__ = "never_fits"
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constexprs):
+                raise OutOfResources(300_000, 232_448, "shared memory")
+            return run
+
+    with pytest.raises(OutOfResources):  # even one stage does not fit: the error reaches the caller
+        launch(NeverFits(), (1,), TileConfig(64, 64, 4, 2))

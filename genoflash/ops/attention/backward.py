@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .block_info import _kv_block_range, _q_block_range
 from .configs import backward_config
+from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .mask import _dropout_keep, _mask_scores
@@ -327,7 +328,8 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     kv_group = nheads // nheads_k
-    cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes)
+    cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes,
+                         a.dropout is not None)
     block_dv = head_block(head_dim_v)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
@@ -347,24 +349,22 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     shared = dict(HEAD_DIM=head_dim, **qk_blocks(head_dim, a.rotary_dim), HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, **constexprs)
 
     num_n_blocks = triton.cdiv(seqlen_k, cfg.dkdv.block_n)
-    _attn_bwd_dkdv_kernel[(num_n_blocks * batch * nheads_k,)](
+    launch(_attn_bwd_dkdv_kernel, (num_n_blocks * batch * nheads_k,), cfg.dkdv,
         q, k, v, dout, lse, delta, dk, dv, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
         stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
         BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **shared,
-        num_warps=cfg.dkdv.num_warps, num_stages=cfg.dkdv.num_stages,
     )
 
     num_m_blocks = triton.cdiv(seqlen_q, cfg.dq.block_m)
-    _attn_bwd_dq_kernel[(num_m_blocks * batch * nheads,)](
+    launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,
         q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
         a.rotary_stride,
         nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
         BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only, **shared,
-        num_warps=cfg.dq.num_warps, num_stages=cfg.dq.num_stages,
     )
     return dq, dk, dv

@@ -40,7 +40,7 @@ _override: dict[str, object] = {}
 
 
 def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                 rotary_table_bytes: int) -> TileConfig:
+                 rotary_table_bytes: int, dropout: bool) -> TileConfig:
     widest = max(head_dim, head_dim_v)
     if dtype == torch.float32:
         # fp32 (exact "ieee" dots) is for tests and CPU-sized work; small tiles keep the
@@ -54,8 +54,14 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
         return TileConfig(128, 64, num_warps=8, num_stages=3)
     if rotary_table_bytes and widest <= 128:
         # RoPE streams a cos and a sin tile (BLOCK_N x D/2) beside each K tile; 128x128 with
-        # 3 stages no longer fits in shared memory (benchmarks/offline_compile.py).
+        # 3 stages no longer fits in shared memory (benchmarks/offline_compile.py). Measured
+        # (results/tune-rope-h200-2026-11-29.json), H16 N16k: fp32 tables 128x64 s3 9.07 ms
+        # (128x128 s2 does not fit); 16-bit tables 128x128 s2 7.66 ms, 128x64 s3 7.80 ms.
         return TileConfig(128, 128, 8, 2) if rotary_table_bytes <= 2 else TileConfig(128, 64, 8, 3)
+    if dropout and widest <= 128:
+        # The keep mask's word shuffle (tl.join + reshape) takes shared memory: 128x128 with
+        # 3 stages needs 240 KB, over the H200's 227 KB.
+        return TileConfig(128, 128, 8, 2)
     if widest <= 128:
         return TileConfig(128, 128, num_warps=8, num_stages=3)
     if rotary_table_bytes:
@@ -66,7 +72,7 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
 
 
 def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                  rotary_table_bytes: int) -> BackwardConfig:
+                  rotary_table_bytes: int, dropout: bool) -> BackwardConfig:
     widest = max(head_dim, head_dim_v)
     if dtype == torch.float32:
         if widest <= 64:
@@ -75,9 +81,6 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     # Measured on the H200 as the forward: dK/dV chosen first, then dQ with the best dK/dV.
     if widest <= 64:
         return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3))
-    if rotary_table_bytes and widest <= 128:
-        # RoPE: the rotated Q tiles and their tables make 64x128 spill registers in dK/dV.
-        return BackwardConfig(TileConfig(64, 64, 8, 3), TileConfig(128, 64, 8, 2))
     if widest <= 128:
         return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3))
     if rotary_table_bytes:
@@ -90,21 +93,21 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
 
 
 def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                   device: torch.device, rotary_table_bytes: int = 0) -> TileConfig:
+                   device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False) -> TileConfig:
     if "forward" in _override:
         return _override["forward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_FWD
-    return _gpu_forward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes)
+    return _gpu_forward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout)
 
 
 def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                    device: torch.device, rotary_table_bytes: int = 0) -> BackwardConfig:
+                    device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False) -> BackwardConfig:
     if "backward" in _override:
         return _override["backward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_BWD
-    return _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes)
+    return _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout)
 
 
 @contextlib.contextmanager

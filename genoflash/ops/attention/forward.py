@@ -17,6 +17,7 @@ from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
+from .launch import launch
 from .mask import _dropout_keep, _mask_scores
 from .rotary import _load_qk, _qk_dot
 from .score_mods import _alibi_bias, _softcap
@@ -222,11 +223,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
     lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, q.shape[0], a.varlen, q.device)
-    cfg = forward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes)
+    cfg = forward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes,
+                         a.dropout is not None)
     num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
-    _attn_fwd_kernel[(num_m_blocks * batch * nheads,)](
+    launch(_attn_fwd_kernel, (num_m_blocks * batch * nheads,), cfg,
         q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
@@ -234,6 +236,5 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
         HEAD_DIM=head_dim, **qk_blocks(head_dim, a.rotary_dim), HEAD_DIM_V=head_dim_v,
         BLOCK_DV=head_block(head_dim_v),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, **constexprs,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
