@@ -20,3 +20,21 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_has_exactly_two_setup_commands():
     setup = [c for c in readme_commands() if c.startswith("python3 -m venv")]
     assert len(setup) == 2 and any("genoflash example" in c for c in setup)
+
+
+def test_readme_signatures_match_the_functions():
+    """The README documents each public function's full signature; it must not drift from the code."""
+    import inspect
+
+    import genoflash
+
+    text = (ROOT / "README.md").read_text()
+    for fn in (genoflash.flash_attn_func, genoflash.flash_attn_varlen_func):
+        documented = re.search(rf"`{fn.__name__}\((.*?)\)`", text).group(1)
+        parts = []
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind == p.KEYWORD_ONLY and "*" not in parts:
+                parts.append("*")
+            parts.append(p.name + (f"={p.default!r}" if p.default is not p.empty else ""))
+        actual = ", ".join(parts)
+        assert documented == actual, f"README: {documented}\ncode:   {actual}"

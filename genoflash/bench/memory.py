@@ -75,7 +75,21 @@ def peak_gib(fn, seqlen: int, mode: str) -> float | str:
         torch.cuda.empty_cache()
 
 
-def run(max_seqlen: int, providers: list[str]) -> dict:
+def _line(name: str, mode: str, n: int, peak) -> str:
+    shown = f"{peak:10.4f} GiB" if isinstance(peak, float) else peak
+    return f"{name:<12} {mode:<8} N={n:>9,}  {shown}"
+
+
+def summarize(seqlens: list[int], results: dict) -> dict:
+    floor = {mode: {n: floor_bytes(n, mode) / 2**30 for n in seqlens} for mode in ("fwd", "fwd_bwd")}
+    ratios = {n: p / floor["fwd_bwd"][n] for n, p in results.get("genoflash", {}).get("fwd_bwd", {}).items()
+              if isinstance(p, float)}
+    return {"seqlens": seqlens, "results": results, "floor_gib": floor, "genoflash_fwd_bwd_over_floor": ratios}
+
+
+def run(max_seqlen: int, providers: list[str], on_progress=None) -> dict:
+    """Measure every provider; on_progress(report so far) after each point, so a run cut short
+    by a time limit still leaves what it measured."""
     fns = _providers()
     seqlens = [1 << p for p in range(10, max_seqlen.bit_length()) if (1 << p) <= max_seqlen]
     results = {name: {"fwd": {}, "fwd_bwd": {}} for name in providers}
@@ -84,14 +98,37 @@ def run(max_seqlen: int, providers: list[str]) -> dict:
             for n in seqlens:
                 peak = peak_gib(fns[name], n, mode)
                 results[name][mode][n] = peak
-                shown = f"{peak:8.2f} GiB" if isinstance(peak, float) else peak
-                print(f"{name:<12} {mode:<8} N={n:>9,}  {shown}", flush=True)
+                print(_line(name, mode, n, peak), flush=True)
+                if on_progress is not None:
+                    on_progress(summarize(seqlens, results))
                 if not isinstance(peak, float):
                     break  # longer sequences will not fit either
-    floor = {mode: {n: floor_bytes(n, mode) / 2**30 for n in seqlens} for mode in ("fwd", "fwd_bwd")}
-    ratios = {n: p / floor["fwd_bwd"][n] for n, p in results.get("genoflash", {}).get("fwd_bwd", {}).items()
-              if isinstance(p, float)}
-    return {"seqlens": seqlens, "results": results, "floor_gib": floor, "genoflash_fwd_bwd_over_floor": ratios}
+    return summarize(seqlens, results)
+
+
+def parse_log(text: str) -> dict:
+    """The report of a run, rebuilt from the lines it printed (for a run stopped by a time limit
+    before it wrote its JSON): points it did not reach are absent."""
+    import re
+    results: dict = {}
+    seqlens: set[int] = set()
+    pattern = re.compile(r"^(\S+)\s+(fwd_bwd|fwd)\s+N=\s*([\d,]+)\s+(.+?)\s*$")
+    for line in text.splitlines():
+        m = pattern.match(line)
+        if not m:
+            continue
+        name, mode, n, value = m.group(1), m.group(2), int(m.group(3).replace(",", "")), m.group(4)
+        peak = float(value.split()[0]) if value.endswith("GiB") else value
+        results.setdefault(name, {"fwd": {}, "fwd_bwd": {}})[mode][n] = peak
+        seqlens.add(n)
+    report = summarize(sorted(seqlens), results)
+    # A printed value is rounded to its last digit; a ratio to the floor means something only
+    # where that rounding is under 0.5% of the floor.
+    digits = {len(v.split()[0].split(".")[1]) for v in re.findall(r"\d+\.\d+ GiB", text)} or {4}
+    resolution = 0.5 * 10.0 ** -min(digits)
+    report["genoflash_fwd_bwd_over_floor"] = {n: r for n, r in report["genoflash_fwd_bwd_over_floor"].items()
+                                              if resolution <= 0.005 * report["floor_gib"]["fwd_bwd"][n]}
+    return report
 
 
 def plot(report: dict, path: Path) -> None:
@@ -133,11 +170,16 @@ def main(argv: list[str]) -> int:
     unknown = set(providers) - set(_providers())
     if unknown:
         raise SystemExit(f"unknown provider(s): {', '.join(sorted(unknown))}")
-    report = run(args.max_seqlen, providers)
-    report["metadata"] = run_metadata(
+    metadata = run_metadata(
         method="torch.cuda.max_memory_allocated over one call, inputs (q, k, v, dout) included; bf16, B1 H8 D128")
-    stem = results_stem(args.out, report["metadata"], "memory")
-    Path(f"{stem}.json").write_text(json.dumps(report, indent=1))
+    stem = results_stem(args.out, metadata, "memory")
+
+    def save(report: dict) -> None:
+        Path(f"{stem}.json").write_text(json.dumps({**report, "metadata": metadata}, indent=1))
+
+    report = run(args.max_seqlen, providers, on_progress=save)
+    report["metadata"] = metadata
+    save(report)
     plot(report, Path(f"{stem}.png"))
     worst = max(report["genoflash_fwd_bwd_over_floor"].values(), default=float("nan"))
     print(f"genoflash fwd+bwd peak / floor: worst {worst:.3f} (bar: <= 1.05); wrote {stem}.json and .png", flush=True)

@@ -12,13 +12,16 @@ import torch
 
 
 def git_commit() -> str:
-    """HEAD of the checkout, or GENOFLASH_COMMIT where the tree has no .git (the GPU machine)."""
+    """GENOFLASH_COMMIT when set (the GPU machine's copy of the tree can hold a stale .git, whose
+    HEAD is not the commit that runs), else HEAD of the checkout."""
+    if os.environ.get("GENOFLASH_COMMIT"):
+        return os.environ["GENOFLASH_COMMIT"]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = ""
-    return commit or os.environ.get("GENOFLASH_COMMIT", "unknown")
+    return commit or "unknown"
 
 
 def run_metadata(**extra) -> dict:
