@@ -294,6 +294,30 @@ def _attention_args(q, lengths_q: list[int], lengths_k: list[int], dropout_p, so
         dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset), **varlen)
 
 
+def flash_attn_block_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, softcap=0.0):
+    """Gradients (dq, dk, dv) of one block of a larger attention, given that attention's final
+    output `out` and log-sum-exp `lse` (batch, nheads, seqlen_q).
+
+    Ring attention splits the keys over devices; with the *global* out and lse, each block's
+    P = exp(s - lse) and dS = P * (dP - rowsum(dout * out)) are exactly the global ones restricted
+    to the block, so the block gradients add up to the full gradients. Not differentiable."""
+    _check_qkv(q, k, v, varlen=False)
+    if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be float32 (batch, nheads, seqlen_q) = {(q.shape[0], q.shape[2], q.shape[1])}, "
+                         f"got {lse.dtype} {tuple(lse.shape)}")
+    if dout.shape != out.shape or out.shape != (*q.shape[:-1], v.shape[-1]):
+        raise ValueError(f"dout {tuple(dout.shape)} and out {tuple(out.shape)} must be (batch, seqlen_q, nheads, "
+                         f"headdim_v) = {(*q.shape[:-1], v.shape[-1])}")
+    args = _attention_args(q, [q.shape[1]], [k.shape[1]], 0.0, softmax_scale, causal, (-1, -1), softcap, None, None,
+                           None, False, None, 0)
+    backend = select_backend(q.device)
+    if backend == "triton":
+        _check_triton_device(q)
+    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+    with torch.no_grad():
+        return _backward(dout, q, k, v, out, lse.contiguous(), args, backend)
+
+
 # ---------------------------------------------------------------- public functions
 
 def flash_attn_func(

@@ -1,0 +1,10 @@
+"""Context parallelism: one sequence sharded across the ranks of a torch.distributed group.
+
+    ring_flash_attn_func   exact ring attention (ring.py)
+    shard_sequence / unshard_sequence / shard_positions   the layouts (sharding.py)
+"""
+
+from .ring import ring_flash_attn_func
+from .sharding import LAYOUTS, shard_positions, shard_sequence, unshard_sequence
+
+__all__ = ["LAYOUTS", "ring_flash_attn_func", "shard_positions", "shard_sequence", "unshard_sequence"]

@@ -1,0 +1,141 @@
+"""Context parallelism: ring attention over gloo ranks on the CPU equals single-process attention.
+
+Each spawned rank draws the same full inputs (same seed), runs ring attention on its shard,
+and checks its shard of the output and of every gradient against the same shard of the
+fp64 / same-dtype references under the rule (attention_utils). A failure on any rank fails
+the test with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import genoflash
+from genoflash.distributed import ring_flash_attn_func, shard_positions, shard_sequence, unshard_sequence
+from genoflash.ops.attention.reference import attention_reference
+from genoflash.rotary import apply_rotary, rotary_tables
+
+from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
+
+# (name, backend, dtype, batch, seqlen, nheads, nheads_k, d, dv, features)
+CASES = {
+    2: [
+        ("full", "torch", torch.float32, 2, 2 * 13, 3, 3, 16, 16, {}),              # odd local length
+        ("causal-zigzag", "torch", torch.float32, 1, 4 * 7, 4, 2, 16, 24, dict(causal=True)),
+        ("causal-contiguous", "torch", torch.float32, 1, 2 * 9, 2, 1, 16, 16,
+         dict(causal=True, layout="contiguous")),
+        ("rope-gqa-causal", "torch", torch.float32, 1, 4 * 6, 4, 2, 32, 32, dict(causal=True, rope=True)),
+        ("softcap", "torch", torch.float32, 1, 2 * 10, 2, 2, 16, 16, dict(softcap=5.0)),
+        ("triton-causal", "triton", torch.float16, 1, 4 * 9, 2, 1, 16, 16, dict(causal=True)),
+        ("triton-full", "triton", torch.float16, 1, 2 * 17, 3, 1, 24, 16, {}),
+    ],
+    4: [
+        ("full", "torch", torch.float32, 1, 4 * 5, 2, 2, 16, 16, {}),
+        ("causal-zigzag", "torch", torch.float32, 2, 8 * 3, 3, 3, 16, 16, dict(causal=True)),
+        ("rope-causal", "torch", torch.float32, 1, 8 * 4, 2, 1, 16, 16, dict(causal=True, rope=True)),
+        ("triton-causal", "triton", torch.float16, 1, 8 * 5, 2, 2, 16, 16, dict(causal=True)),
+    ],
+}
+
+
+def _check_case(rank, world, group, case):
+    name, backend, dtype, batch, seqlen, nheads, nheads_k, d, dv, features = case
+    features = dict(features)
+    rope = features.pop("rope", False)
+    causal = features.get("causal", False)
+    layout = features.pop("layout", "zigzag" if causal else "contiguous")
+    torch.manual_seed(1000 + seqlen)  # identical full inputs on every rank
+    q = torch.randn(batch, seqlen, nheads, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(batch, seqlen, nheads_k, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(batch, seqlen, nheads_k, dv, dtype=dtype, requires_grad=True)
+    dout = torch.randn(batch, seqlen, nheads, dv, dtype=dtype)
+    cos, sin = rotary_tables(seqlen, d, dtype=torch.float32) if rope else (None, None)
+
+    def standard(a, b, c):
+        if rope:
+            a, b = apply_rotary(a, cos, sin), apply_rotary(b, cos, sin)
+        group_size = a.shape[2] // b.shape[2]
+        b, c = b.repeat_interleave(group_size, 2), c.repeat_interleave(group_size, 2)
+        return attention_reference(a, b, c, causal=causal, softcap=features.get("softcap", 0.0))[0]
+
+    truth, same = reference_pair(q, k, v, dout, fn=standard)
+
+    def shard(t):
+        return shard_sequence(t.detach(), world, rank, layout)
+
+    q_s, k_s, v_s = (shard(t).requires_grad_() for t in (q, k, v))
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: ring_flash_attn_func(
+            a, b, c, group=group, layout=layout, rotary_cos=cos, rotary_sin=sin, **features), q_s, k_s, v_s,
+            shard(dout))
+    try:
+        assert_within_rule(got, [shard(t) for t in truth], [shard(t) for t in same])
+    except AssertionError as e:
+        raise AssertionError(f"case {name}, rank {rank} of {world}: {e}") from None
+
+
+def _worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+        for case in CASES[world]:
+            _check_case(rank, world, None, case)
+        if world == 2:
+            # A group other than the world, of one rank: the ring degenerates to one local block.
+            singletons = [dist.new_group([r]) for r in range(world)]
+            _check_case(0, 1, singletons[rank], ("single-rank group", "torch", torch.float32, 1, 10, 2, 2, 16, 16,
+                                                 dict(causal=True)))
+            # Shards of different shapes on different ranks are an error on every rank.
+            q = torch.randn(1, 8 + 2 * rank, 2, 16)
+            with pytest.raises(ValueError, match="differ across ranks"):
+                ring_flash_attn_func(q, q, q)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_equals_single_process_attention(world):
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "rendezvous")), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_shard_and_unshard_are_inverse(layout):
+    x = torch.arange(2 * 24 * 3).reshape(2, 24, 3)
+    shards = [shard_sequence(x, 3, r, layout) for r in range(3)]
+    assert torch.equal(unshard_sequence(shards, layout), x)
+    # Every token is held exactly once, at the positions shard_positions names.
+    held = sorted(p for r in range(3) for s, e in shard_positions(24, 3, r, layout) for p in range(s, e))
+    assert held == list(range(24))
+    for r in range(3):
+        positions = [p for s, e in shard_positions(24, 3, r, layout) for p in range(s, e)]
+        assert torch.equal(shards[r], x[:, positions])
+
+
+def test_zigzag_pairs_an_early_chunk_with_a_late_one():
+    assert shard_positions(16, 4, 0, "zigzag") == [(0, 2), (14, 16)]
+    assert shard_positions(16, 4, 3, "zigzag") == [(6, 8), (8, 10)]
+
+
+def test_sharding_errors():
+    with pytest.raises(ValueError, match="does not split into 8 equal chunks"):
+        shard_sequence(torch.zeros(1, 20, 2), 4, 0, "zigzag")
+    with pytest.raises(ValueError, match="does not split into 3 equal chunks"):
+        shard_positions(10, 3, 0, "contiguous")
+    with pytest.raises(ValueError, match="layout"):
+        shard_positions(12, 3, 0, "striped")
+    with pytest.raises(ValueError, match="rank 3 is not in a group of 3"):
+        shard_positions(12, 3, 3)
+
+
+def test_ring_attention_needs_a_process_group():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ring_flash_attn_func(q, q, q)
