@@ -39,6 +39,9 @@ class MultiHeadAttention(nn.Module):
             nheads_k K/V heads (default nheads; fewer gives GQA/MQA).
         causal, window_size, softcap: as in `flash_attn_func`.
         dropout: attention dropout probability, fused into the kernels; applied in training mode only.
+        context_parallel: set by `genoflash.distributed.enable_context_parallel`: the layer then
+            sees this rank's shard of each sequence and attends over the whole sequence with ring
+            attention (RoPE at global positions).
         rotary: apply RoPE inside the kernels (default on) to the first rotary_dim channels of
             each head (default all), with `rotary_base`, `rotary_interpolation` (linear position
             interpolation) and `rotary_ntk_alpha` (NTK-aware base scaling) for length extrapolation.
@@ -61,12 +64,19 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(self.nheads * self.head_dim, dim, bias=bias)
         self.rotary = RotaryTables(rotary_dim or self.head_dim, rotary_base, rotary_interpolation,
                                    rotary_ntk_alpha) if rotary else None
+        self.context_parallel = None  # a genoflash.distributed.ContextParallel, or None
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 max_seqlen: int | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
         q = self.q_proj(x).view(*lead, self.nheads, self.head_dim)
         k, v = self.kv_proj(x).view(*lead, 2, self.nheads_k, self.head_dim).unbind(-3)
+        if self.context_parallel is not None:
+            if cu_seqlens is not None:
+                raise ValueError("context parallelism shards one sequence per batch row; packed varlen input "
+                                 "is not supported")
+            out = self.context_parallel.attention(q, k, v, self)
+            return self.out_proj(out.reshape(*lead, self.nheads * self.head_dim))
         kw = dict(causal=self.causal, window_size=self.window_size, softcap=self.softcap,
                   dropout_p=self.dropout if self.training else 0.0)
         if self.rotary is not None:

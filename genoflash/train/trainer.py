@@ -95,6 +95,8 @@ class TrainConfig:
     strict: bool = _option(False, "fail on a sample that cannot be loaded instead of replacing it")
     resume: bool = _option(False, "continue from out_dir/checkpoint.pt if it exists")
     progress: bool = _option(True, "show a progress bar")
+    context_parallel: bool = _option(False, "lm: shard each sequence over the ranks of a torchrun job "
+                                            "(ring attention; global layers only)")
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -103,6 +105,12 @@ class TrainConfig:
             raise ValueError("the lm task needs --fasta")
         if self.steps <= 0 or self.batch_size <= 0:
             raise ValueError("steps and batch_size must be positive")
+        if self.context_parallel and self.task != "lm":
+            raise ValueError("context_parallel shards long sequences of the lm task; the synthetic "
+                             "classifier pools over the whole sequence and is not supported")
+        if self.context_parallel and set(self.layer_pattern) != {"G"}:
+            raise ValueError(f"context_parallel needs global layers only (layer_pattern 'G'); ring attention has "
+                             f"no sliding window yet, got {self.layer_pattern!r}")
 
     def model_config(self) -> DNALMConfig:
         return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, causal=self.task == "lm",
@@ -239,13 +247,20 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
 # ---------------------------------------------------------------- evaluation
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, device: torch.device) -> dict:
+def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, device: torch.device, cp=None) -> dict:
     """Held-out metrics: accuracy and AUROC (synthetic), or loss and perplexity (lm)."""
     model.eval()
     n = len(data.dataset)
     loss_sum, weight, probs, labels = 0.0, 0, [], []
     for start in range(0, n, cfg.batch_size):
         tokens, targets = (t.to(device) for t in data.batch(range(start, min(n, start + cfg.batch_size))))
+        if cp is not None:  # every rank holds the batch; each scores its shard, the loss is the global mean
+            with _autocast(device):
+                logits = model(cp.shard(tokens))["logits"]
+            loss = cp.global_value(cp.mean_loss(logits, cp.shard(targets)))
+            count = int((targets != -100).sum())
+            loss_sum, weight = loss_sum + loss * count, weight + count
+            continue
         with _autocast(device):
             out = model(tokens, targets)
         if cfg.task == "synthetic":
@@ -319,9 +334,13 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     they must give (tokens, target) pairs or GenomeWindowDataset-style dicts.
     """
     out_dir = pathlib.Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     device = resolve_device(cfg.device)
+    if cfg.context_parallel:
+        device = _join_context_parallel_group(device)
+    main_rank = not cfg.context_parallel or torch.distributed.get_rank() == 0
+    if main_rank:  # with context parallelism, rank 0 alone writes logs, checkpoints and plots
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     if cfg.seq_len_warmup and cfg.task != "lm":
         logger.warning("seq_len_warmup applies to the lm task only (a crop would lose a motif); ignored")
     torch.manual_seed(cfg.seed)
@@ -333,6 +352,13 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
         eval_data = default_eval if eval_data is None else eval_data
     train_fetch, eval_fetch = SafeFetcher(train_data, cfg.strict), SafeFetcher(eval_data, cfg.strict)
     model = build_model(cfg).to(device)
+    cp = None
+    if cfg.context_parallel:  # same seed on every rank: the same initial weights everywhere
+        from ..distributed import enable_context_parallel
+        cp = enable_context_parallel(model)
+        if cfg.seq_len % (2 * cp.world_size):
+            raise ValueError(f"context_parallel: seq_len {cfg.seq_len} must be a multiple of 2 x world size = "
+                             f"{2 * cp.world_size} (the zigzag layout)")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
 
@@ -341,26 +367,34 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     if cfg.resume and checkpoint_path.exists():
         start = load_checkpoint(checkpoint_path, model, optimizer, scheduler)
         logger.info("resumed from %s at step %d", checkpoint_path, start)
-    history = _restart_log(log_path, start)
+    history = _restart_log(log_path, start) if main_rank else []
     last = min(cfg.steps, cfg.stop_at or cfg.steps)
 
     def record(entry: dict) -> None:
         history.append(entry)
-        with log_path.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
+        if main_rank:
+            with log_path.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
 
     model.train()
     tokens_seen, tick = 0, time.perf_counter()
-    with _progress(cfg.progress and start < last) as bar:
+    with _progress(cfg.progress and start < last and main_rank) as bar:
         task = bar.add_task(f"{cfg.task} {cfg.layer_pattern}", total=last, completed=start, info="")
         for step in range(start, last):
             length = seq_len_at(step, cfg)
             indices = range(step * cfg.batch_size, (step + 1) * cfg.batch_size)
             tokens, targets = (t.to(device) for t in train_fetch.batch(indices, length))
-            with _autocast(device):
-                loss = model(tokens, targets)["loss"]
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if cp is None:
+                with _autocast(device):
+                    loss = model(tokens, targets)["loss"]
+                loss.backward()
+            else:
+                with _autocast(device):
+                    local = cp.mean_loss(model(cp.shard(tokens))["logits"], cp.shard(targets))
+                local.backward()
+                cp.sum_gradients(model)  # every rank now holds the full-sequence gradient
+                loss = torch.tensor(cp.global_value(local))
             grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                          if cfg.grad_clip > 0 else None)
             optimizer.step()
@@ -380,17 +414,34 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
                 tokens_seen, tick = 0, time.perf_counter()
                 bar.update(task, info=_bar_text(entry))
             if done == last or (cfg.eval_every and done % cfg.eval_every == 0):
-                metrics = evaluate(model, eval_fetch, cfg, device)
+                metrics = evaluate(model, eval_fetch, cfg, device, cp)
                 record({"step": done, "eval": metrics})
                 if on_eval is not None:
                     on_eval(done, metrics)
-            if done == last or done % cfg.checkpoint_every == 0:
+            if main_rank and (done == last or done % cfg.checkpoint_every == 0):
                 save_checkpoint(checkpoint_path, model, optimizer, scheduler, done)
             bar.update(task, completed=done)
 
     evals = [h["eval"] for h in history if "eval" in h]
-    plot_curves(history, out_dir / PLOT_NAME, title=f"{cfg.task} ({cfg.layer_pattern})")
+    if main_rank:
+        plot_curves(history, out_dir / PLOT_NAME, title=f"{cfg.task} ({cfg.layer_pattern})")
     return {"final": evals[-1] if evals else {}, "history": history, "model": model}
+
+
+def _join_context_parallel_group(device: torch.device) -> torch.device:
+    """Join the torchrun job's process group (unless the caller already did) and pick this
+    rank's GPU: NCCL on GPUs, gloo on CPUs."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            raise RuntimeError("--context-parallel runs under torchrun (or with torch.distributed initialised): "
+                               "torchrun --nproc-per-node N -m genoflash.cli train --context-parallel ...")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+        torch.cuda.set_device(device)
+    return device
 
 
 def _restart_log(log_path: pathlib.Path, start: int) -> list[dict]:
@@ -444,5 +495,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     result = train(cfg)
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():  # a --context-parallel job under torchrun
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        if rank != 0:
+            return 0
     print(json.dumps({"out_dir": cfg.out_dir, "final": result["final"]}, indent=2))
     return 0
