@@ -288,3 +288,25 @@ def test_operator_under_bf16_autocast():
     y.float().sum().backward()
     print(f"\nHyenaOperator under bf16 autocast vs fp32: rel. err {rel_err(y, ref):.2e}")
     assert rel_err(y, ref) < 5e-2
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "two-sided"])
+def test_window_sum_is_the_sum_over_every_lag(causal):
+    rates = torch.tensor([0.5, 3.0, 15.0], dtype=torch.float64)
+    for l_max in (1, 7, 1000):
+        lags = torch.arange(0 if causal else 1 - l_max, l_max, dtype=torch.float64)
+        brute = torch.exp(-rates[:, None] * lags.abs()[None] / l_max).sum(-1)
+        assert torch.allclose(HyenaFilter._window_sum(rates, l_max, causal), brute, rtol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "two-sided"])
+def test_output_scale_does_not_grow_with_l_max(causal):
+    """Without the window normalisation an order-2 operator's output grows like l_max^2
+    (x4096 from l_max 256 to 16,384); with it the scale stays put."""
+    stds = {}
+    for l_max in (256, 16384):
+        torch.manual_seed(0)
+        layer = HyenaOperator(d_model=8, l_max=l_max, order=2, filter_order=16, causal=causal)
+        with torch.no_grad():
+            stds[l_max] = layer(torch.randn(1, l_max, 8)).std().item()
+    assert 0.25 < stds[16384] / stds[256] < 4.0, stds

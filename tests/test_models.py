@@ -7,6 +7,8 @@ import json
 
 import pytest
 import torch
+
+import genoflash
 import torch.nn.functional as F
 
 from genoflash.data import A_ID, IGNORE_INDEX, MASK_ID, N_ID, T_ID, one_hot, reverse_complement
@@ -133,14 +135,46 @@ def test_packed_batch_equals_separate_sequences():
     torch.testing.assert_close(packed, separate, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mixer", ["hyena", "mamba"])
-def test_planned_mixers_say_they_are_not_there_yet(mixer):
-    with pytest.raises(NotImplementedError, match=f"arrives with the .* operator .*ops/{mixer}"):
-        tiny_lm(mixer=mixer)
+def test_mamba_layers_say_they_are_not_there_yet():
+    for kw in (dict(mixer="mamba"), dict(depth=2, layer_pattern="MG")):
+        with pytest.raises(NotImplementedError, match="arrives with its operator .*ops/mamba"):
+            tiny_lm(**kw)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("kw", [dict(mixer="hyena"), dict(depth=2, layer_pattern="HG")], ids=["hyena", "hybrid"])
+def test_hyena_and_hybrid_lms_train_and_keep_causality(kw, causal):
+    torch.manual_seed(5)
+    model = tiny_lm(causal=causal, hyena_l_max=256, **kw)
+    letters = [type(b.mixer).__name__ for b in model.blocks]
+    assert letters == (["HyenaMixer", "HyenaMixer"] if kw.get("mixer") else ["HyenaMixer", "MultiHeadAttention"])
+    tokens = random_bases(2, 37)
+    out = model(tokens, labels=tokens)
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"]) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    # Position 20's logits move with a change at position 30 only when the model looks ahead.
+    # In float64, so that the FFT's round-off (which spreads over all positions) is ~1e-16.
+    changed = tokens.clone()
+    changed[:, 30] = (changed[:, 30] - 4 + 1) % 4 + 4
+    model = model.double()
+    with torch.no_grad(), genoflash.use_backend("torch"):
+        delta = (model(changed)["logits"][:, 20] - model(tokens)["logits"][:, 20]).abs().max().item()
+    assert (delta < 1e-12) if causal else (delta > 1e-8), delta
+
+
+def test_mixer_shorthand_conflicts_with_a_pattern():
+    with pytest.raises(ValueError, match="mixer='hyena' makes every layer H"):
+        tiny_lm(mixer="hyena", depth=2, layer_pattern="LG")
+
+
+def test_hyena_layers_refuse_packed_input():
+    model = tiny_lm(mixer="hyena", hyena_l_max=64)
+    with pytest.raises(ValueError, match="packed"):
+        model(random_bases(1, 10)[0], cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))
 
 
 def test_unknown_mixer_is_an_error():
-    with pytest.raises(ValueError, match="unknown mixer 'transformer'.*attention"):
+    with pytest.raises(ValueError, match="unknown mixer 'transformer'.*attention, hyena, mamba"):
         tiny_lm(mixer="transformer")
 
 

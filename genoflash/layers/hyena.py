@@ -70,10 +70,16 @@ class HyenaFilter(nn.Module):
         fast_decay, slow_decay, target: the window exp(-rate_c |t|) of channel c falls to
             `target` at |t| = decay_c, with decay_c spaced evenly from fast_decay to slow_decay
             over the channels: some channels stay local, others keep long memory.
+        normalize: divide channel c's filter by the sum of its window over all l_max lags
+            (in closed form). A slowly decaying window has O(l_max) taps of size O(1), so
+            without this a convolution's output grows like l_max, and an order-2 operator's
+            like l_max^2: 10^12 at a million tokens. The divisor does not depend on seqlen, so
+            the prefix/centre property above still holds. (HyenaDNA does not normalise.)
     """
 
     def __init__(self, d_model: int, order: int, l_max: int, filter_order: int = 64, causal: bool = True,
-                 num_freqs: int = 4, fast_decay: float = 0.3, slow_decay: float = 1.5, target: float = 1e-2):
+                 num_freqs: int = 4, fast_decay: float = 0.3, slow_decay: float = 1.5, target: float = 1e-2,
+                 normalize: bool = True):
         super().__init__()
         self.d_model, self.order, self.l_max, self.causal, self.num_freqs = d_model, order, l_max, causal, num_freqs
         self.mlp = nn.Sequential(
@@ -83,9 +89,19 @@ class HyenaFilter(nn.Module):
         )
         decay = torch.linspace(fast_decay, slow_decay, d_model)
         # Derived from the constructor's arguments, so kept out of the state dict.
-        self.register_buffer("rates", math.log(1.0 / target) / decay, persistent=False)
+        rates = math.log(1.0 / target) / decay
+        self.register_buffer("rates", rates, persistent=False)
+        self.register_buffer("window_sum", self._window_sum(rates.double(), l_max, causal).float()
+                             if normalize else torch.ones(d_model), persistent=False)
         # (key, filters) of the last inference call; see `forward`.
         self._cache: tuple[tuple, torch.Tensor] | None = None
+
+    @staticmethod
+    def _window_sum(rates: torch.Tensor, l_max: int, causal: bool) -> torch.Tensor:
+        """sum over lags s = 0..l_max-1 of exp(-rate |s| / l_max), doubled less the lag-0 tap when
+        two-sided: a geometric series, in float64."""
+        one_side = -torch.expm1(-rates) / -torch.expm1(-rates / l_max) if l_max > 1 else torch.ones_like(rates)
+        return one_side if causal else 2 * one_side - 1
 
     def positions(self, seqlen: int) -> torch.Tensor:
         """t = lag / l_max for every tap, (taps,) in the MLP's dtype."""
@@ -100,7 +116,7 @@ class HyenaFilter(nn.Module):
     def filters(self, seqlen: int) -> torch.Tensor:
         t = self.positions(seqlen)
         taps = self.mlp(self.features(t)).view(-1, self.order, self.d_model)
-        window = torch.exp(-self.rates * t.abs()[:, None])  # (taps, d_model)
+        window = torch.exp(-self.rates * t.abs()[:, None]) / self.window_sum  # (taps, d_model)
         # (taps, order, d_model) -> (order, d_model, taps) as a view: fftconv takes any strides.
         return (taps * window[:, None, :]).permute(1, 2, 0)
 

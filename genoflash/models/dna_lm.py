@@ -1,12 +1,12 @@
 """A DNA language model: single-nucleotide tokens, pre-norm blocks of a sequence mixer + SwiGLU.
 
 Causal (next-base prediction, as HyenaDNA and Evo) or bidirectional (masked LM, as
-DNABERT and Caduceus). The mixer is genoflash attention with RoPE fused into the
-kernels; `layer_pattern` interleaves sliding-window local layers (L) with global ones
-(G), so most layers cost O(N x window) at genomic lengths.
-
-Mixers come from the `MIXERS` registry (name -> factory). Only attention exists now;
-Hyena and Mamba plug in there when their operators land in `genoflash/ops`.
+DNABERT and Caduceus). The mixer of each layer is picked by a letter of `layer_pattern`:
+genoflash attention with RoPE fused into the kernels, global (G) or sliding-window local
+(L, O(N x window)), or the Hyena operator (H, FFT long convolutions, O(N log N)). Hybrids
+such as StripedHyena's (mostly Hyena, some attention: "HHHG") are patterns too. Mamba (M)
+plugs into the same `MIXERS` registry (letter -> factory) when its operator lands in
+`genoflash/ops`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..data import IGNORE_INDEX, VOCAB_SIZE
-from ..layers import MultiHeadAttention
+from ..layers import HyenaOperator, MultiHeadAttention
 from .blocks import PreNormBlock, RMSNorm, swiglu_hidden
 
-LAYER_LETTERS = {"L": "sliding-window local attention", "G": "global (full) attention"}
+LAYER_LETTERS = {"L": "sliding-window local attention", "G": "global (full) attention",
+                 "H": "Hyena long convolution", "M": "Mamba selective scan (planned)"}
+MIXER_NAMES = {"attention": None, "hyena": "H", "mamba": "M"}  # mixer= shorthand -> every layer's letter
 
 
 @dataclass
@@ -39,9 +41,14 @@ class DNALMConfig:
         rotary_base, rotary_interpolation: RoPE base and linear position interpolation.
         attn_dropout: dropout on the attention probabilities (training only), fused.
         window_size: how far (in tokens) a local layer's query sees, on each side it may look.
-        layer_pattern: one letter per layer, L (local) or G (global), repeated to `depth`:
-            "LLLG" with depth 8 gives LLLGLLLG. Its length must divide depth.
-        mixer: the sequence mixer, a key of MIXERS ("hyena" and "mamba" are planned).
+        layer_pattern: one letter per layer, repeated to `depth`: L (local attention), G
+            (global attention), H (Hyena); "LLLG" with depth 8 gives LLLGLLLG. Its length must
+            divide depth.
+        mixer: "attention" (the letters decide), or "hyena" / "mamba" as shorthand for every
+            layer being H / M (then layer_pattern must be left at its default).
+        hyena_l_max: the longest sequence a Hyena layer's implicit filters are defined for
+            (positions are normalised by it; cost does not depend on it).
+        hyena_order: (long convolution, gate) steps per Hyena layer.
         gradient_checkpointing: recompute each block in the backward instead of storing
             its activations (training only).
         tie_embeddings: the LM head shares the embedding matrix.
@@ -60,10 +67,19 @@ class DNALMConfig:
     window_size: int = 512
     layer_pattern: str = "G"
     mixer: str = "attention"
+    hyena_l_max: int = 1 << 20
+    hyena_order: int = 2
     gradient_checkpointing: bool = False
     tie_embeddings: bool = True
 
     def __post_init__(self):
+        if self.mixer not in MIXER_NAMES:
+            raise ValueError(f"unknown mixer {self.mixer!r}; choose one of {', '.join(MIXER_NAMES)}")
+        if MIXER_NAMES[self.mixer] is not None:
+            if self.layer_pattern not in ("G", MIXER_NAMES[self.mixer]):
+                raise ValueError(f"mixer={self.mixer!r} makes every layer {MIXER_NAMES[self.mixer]}; for a hybrid, "
+                                 f"leave mixer='attention' and use layer_pattern letters (got {self.layer_pattern!r})")
+            self.layer_pattern = MIXER_NAMES[self.mixer]
         if self.dim % self.nheads:
             raise ValueError(f"dim ({self.dim}) must be divisible by nheads ({self.nheads})")
         unknown = set(self.layer_pattern) - set(LAYER_LETTERS)
@@ -93,24 +109,41 @@ def attention_mixer(config: DNALMConfig, letter: str) -> nn.Module:
                               dropout=config.attn_dropout)
 
 
-# name -> factory(config, layer letter) -> module mapping (..., dim) to (..., dim) and taking
-# (x, cu_seqlens, max_seqlen). A future pattern letter (say H) can pick a mixer per layer.
-MIXERS: dict[str, Callable[[DNALMConfig, str], nn.Module]] = {"attention": attention_mixer}
-PLANNED_MIXERS = {"hyena": "Hyena", "mamba": "Mamba"}
+class HyenaMixer(nn.Module):
+    """The Hyena operator with the mixer call signature (x, cu_seqlens, max_seqlen)."""
+
+    def __init__(self, config: DNALMConfig):
+        super().__init__()
+        self.hyena = HyenaOperator(config.dim, config.hyena_l_max, order=config.hyena_order, causal=config.causal)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None) -> torch.Tensor:
+        if cu_seqlens is not None:
+            raise ValueError("Hyena layers take (batch, seqlen, dim) batches; packed (varlen) input would "
+                             "convolve across sequence boundaries")
+        return self.hyena(x)
+
+
+def hyena_mixer(config: DNALMConfig, letter: str) -> nn.Module:
+    return HyenaMixer(config)
+
+
+# layer letter -> factory(config, letter) -> module mapping (..., dim) to (..., dim) and taking
+# (x, cu_seqlens, max_seqlen).
+MIXERS: dict[str, Callable[[DNALMConfig, str], nn.Module]] = {"G": attention_mixer, "L": attention_mixer,
+                                                               "H": hyena_mixer}
+PLANNED_MIXERS = {"M": "mamba"}
 
 
 def build_mixer(config: DNALMConfig, letter: str) -> nn.Module:
-    """The mixer of one layer; a clear error for a planned or unknown mixer name."""
-    factory = MIXERS.get(config.mixer)
-    if factory is not None:
-        return factory(config, letter)
-    if config.mixer in PLANNED_MIXERS:
-        raise NotImplementedError(
-            f"mixer {config.mixer!r} is not available yet: it arrives with the "
-            f"{PLANNED_MIXERS[config.mixer]} operator (genoflash/ops/{config.mixer}); "
-            f"available now: {', '.join(MIXERS)}")
-    raise ValueError(f"unknown mixer {config.mixer!r}; choose one of {', '.join(MIXERS)} "
-                     f"(planned: {', '.join(PLANNED_MIXERS)})")
+    """The mixer of one layer; a clear error for a planned one."""
+    factory = MIXERS.get(letter)
+    if factory is None:
+        op = PLANNED_MIXERS[letter]
+        raise NotImplementedError(f"layer letter {letter!r} ({LAYER_LETTERS[letter]}) is not available yet: it "
+                                  f"arrives with its operator (genoflash/ops/{op}); available now: "
+                                  f"{', '.join(MIXERS)}")
+    return factory(config, letter)
 
 
 class DNALM(nn.Module):
@@ -133,7 +166,11 @@ class DNALM(nn.Module):
                                     for letter in config.layer_letters)
         self.norm = RMSNorm(config.dim)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        self.apply(_init_weights)
+        for name, module in self.named_modules():
+            # The Hyena filter MLP keeps its own initialisation: its Sine features need O(1)
+            # weights, and N(0, 0.02) would flatten every filter.
+            if ".filter." not in name:
+                _init_weights(module)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
