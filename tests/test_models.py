@@ -135,19 +135,19 @@ def test_packed_batch_equals_separate_sequences():
     torch.testing.assert_close(packed, separate, rtol=1e-5, atol=1e-5)
 
 
-def test_mamba_layers_say_they_are_not_there_yet():
-    for kw in (dict(mixer="mamba"), dict(depth=2, layer_pattern="MG")):
-        with pytest.raises(NotImplementedError, match="arrives with its operator .*ops/mamba"):
-            tiny_lm(**kw)
-
-
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("kw", [dict(mixer="hyena"), dict(depth=2, layer_pattern="HG")], ids=["hyena", "hybrid"])
-def test_hyena_and_hybrid_lms_train_and_keep_causality(kw, causal):
+@pytest.mark.parametrize("kw,mixers", [
+    (dict(mixer="hyena"), ["HyenaMixer", "HyenaMixer"]),
+    (dict(layer_pattern="HG"), ["HyenaMixer", "MultiHeadAttention"]),
+    (dict(mixer="mamba"), ["MambaMixer", "MambaMixer"]),
+    (dict(layer_pattern="MH"), ["MambaMixer", "HyenaMixer"]),
+], ids=["hyena", "hyena+attention", "mamba", "mamba+hyena"])
+def test_hyena_mamba_and_hybrid_lms_train_and_keep_causality(kw, mixers, causal):
     torch.manual_seed(5)
     model = tiny_lm(causal=causal, hyena_l_max=256, **kw)
-    letters = [type(b.mixer).__name__ for b in model.blocks]
-    assert letters == (["HyenaMixer", "HyenaMixer"] if kw.get("mixer") else ["HyenaMixer", "MultiHeadAttention"])
+    assert [type(b.mixer).__name__ for b in model.blocks] == mixers
+    if "MambaMixer" in mixers:  # a masked LM reads both ways
+        assert type(model.blocks[0].mixer.mamba).__name__ == ("Mamba" if causal else "BiMamba")
     tokens = random_bases(2, 37)
     out = model(tokens, labels=tokens)
     out["loss"].backward()
@@ -167,8 +167,9 @@ def test_mixer_shorthand_conflicts_with_a_pattern():
         tiny_lm(mixer="hyena", depth=2, layer_pattern="LG")
 
 
-def test_hyena_layers_refuse_packed_input():
-    model = tiny_lm(mixer="hyena", hyena_l_max=64)
+@pytest.mark.parametrize("mixer", ["hyena", "mamba"])
+def test_hyena_and_mamba_layers_refuse_packed_input(mixer):
+    model = tiny_lm(mixer=mixer, hyena_l_max=64)
     with pytest.raises(ValueError, match="packed"):
         model(random_bases(1, 10)[0], cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))
 

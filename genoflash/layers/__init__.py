@@ -2,5 +2,6 @@
 
 from .attention import MultiHeadAttention, RotaryTables
 from .hyena import HyenaOperator
+from .mamba import BiMamba, Mamba
 
-__all__ = ["HyenaOperator", "MultiHeadAttention", "RotaryTables"]
+__all__ = ["BiMamba", "HyenaOperator", "Mamba", "MultiHeadAttention", "RotaryTables"]

@@ -3,10 +3,9 @@
 Causal (next-base prediction, as HyenaDNA and Evo) or bidirectional (masked LM, as
 DNABERT and Caduceus). The mixer of each layer is picked by a letter of `layer_pattern`:
 genoflash attention with RoPE fused into the kernels, global (G) or sliding-window local
-(L, O(N x window)), or the Hyena operator (H, FFT long convolutions, O(N log N)). Hybrids
-such as StripedHyena's (mostly Hyena, some attention: "HHHG") are patterns too. Mamba (M)
-plugs into the same `MIXERS` registry (letter -> factory) when its operator lands in
-`genoflash/ops`.
+(L, O(N x window)), or the Hyena operator (H, FFT long convolutions, O(N log N)), or Mamba's selective scan (M,
+O(N); BiMamba for a masked LM). Hybrids such as StripedHyena's (mostly Hyena, some
+attention: "HHHG") or Jamba-like "MMMG" are patterns too (`MIXERS`: letter -> factory).
 """
 
 from __future__ import annotations
@@ -20,11 +19,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..data import IGNORE_INDEX, VOCAB_SIZE
-from ..layers import HyenaOperator, MultiHeadAttention
+from ..layers import BiMamba, HyenaOperator, Mamba, MultiHeadAttention
 from .blocks import PreNormBlock, RMSNorm, swiglu_hidden
 
 LAYER_LETTERS = {"L": "sliding-window local attention", "G": "global (full) attention",
-                 "H": "Hyena long convolution", "M": "Mamba selective scan (planned)"}
+                 "H": "Hyena long convolution", "M": "Mamba selective scan (bidirectional: BiMamba)"}
 MIXER_NAMES = {"attention": None, "hyena": "H", "mamba": "M"}  # mixer= shorthand -> every layer's letter
 
 
@@ -49,6 +48,7 @@ class DNALMConfig:
         hyena_l_max: the longest sequence a Hyena layer's implicit filters are defined for
             (positions are normalised by it; cost does not depend on it).
         hyena_order: (long convolution, gate) steps per Hyena layer.
+        mamba_d_state: state size per channel of a Mamba layer (M; BiMamba when not causal).
         gradient_checkpointing: recompute each block in the backward instead of storing
             its activations (training only).
         tie_embeddings: the LM head shares the embedding matrix.
@@ -69,6 +69,7 @@ class DNALMConfig:
     mixer: str = "attention"
     hyena_l_max: int = 1 << 20
     hyena_order: int = 2
+    mamba_d_state: int = 16
     gradient_checkpointing: bool = False
     tie_embeddings: bool = True
 
@@ -128,22 +129,35 @@ def hyena_mixer(config: DNALMConfig, letter: str) -> nn.Module:
     return HyenaMixer(config)
 
 
+class MambaMixer(nn.Module):
+    """Mamba (causal LM) or BiMamba (masked LM) with the mixer call signature."""
+
+    def __init__(self, config: DNALMConfig):
+        super().__init__()
+        kw = dict(d_state=config.mamba_d_state)
+        self.mamba = Mamba(config.dim, **kw) if config.causal else BiMamba(config.dim, **kw)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None) -> torch.Tensor:
+        if cu_seqlens is not None:
+            raise ValueError("Mamba layers take (batch, seqlen, dim) batches; packed (varlen) input would "
+                             "carry the state across sequence boundaries")
+        return self.mamba(x)
+
+
+def mamba_mixer(config: DNALMConfig, letter: str) -> nn.Module:
+    return MambaMixer(config)
+
+
 # layer letter -> factory(config, letter) -> module mapping (..., dim) to (..., dim) and taking
 # (x, cu_seqlens, max_seqlen).
 MIXERS: dict[str, Callable[[DNALMConfig, str], nn.Module]] = {"G": attention_mixer, "L": attention_mixer,
-                                                               "H": hyena_mixer}
-PLANNED_MIXERS = {"M": "mamba"}
+                                                               "H": hyena_mixer, "M": mamba_mixer}
 
 
 def build_mixer(config: DNALMConfig, letter: str) -> nn.Module:
-    """The mixer of one layer; a clear error for a planned one."""
-    factory = MIXERS.get(letter)
-    if factory is None:
-        op = PLANNED_MIXERS[letter]
-        raise NotImplementedError(f"layer letter {letter!r} ({LAYER_LETTERS[letter]}) is not available yet: it "
-                                  f"arrives with its operator (genoflash/ops/{op}); available now: "
-                                  f"{', '.join(MIXERS)}")
-    return factory(config, letter)
+    """The mixer of one layer (letters are validated by DNALMConfig)."""
+    return MIXERS[letter](config, letter)
 
 
 class DNALM(nn.Module):
@@ -167,9 +181,10 @@ class DNALM(nn.Module):
         self.norm = RMSNorm(config.dim)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         for name, module in self.named_modules():
-            # The Hyena filter MLP keeps its own initialisation: its Sine features need O(1)
-            # weights, and N(0, 0.02) would flatten every filter.
-            if ".filter." not in name:
+            # The Hyena filter MLP keeps its own initialisation (its Sine features need O(1)
+            # weights; N(0, 0.02) would flatten every filter), and so does Mamba's dt_proj
+            # (its bias sets the initial step sizes).
+            if ".filter." not in name and not name.endswith("dt_proj"):
                 _init_weights(module)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight

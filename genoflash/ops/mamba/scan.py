@@ -1,0 +1,307 @@
+"""The selective scan's core in Triton, chunked so a long sequence fills the GPU.
+
+The core is h[t] = a[t] * h[t-1] + b[t], y[t] = sum_n C[t, n] h[t], per (batch, channel d,
+state n), with a = exp(delta A) and b = delta B u (reference.py; the skip D, the z gate and
+softplus(delta + bias) are element-wise and stay in PyTorch around it).
+
+A program owns one chunk of CHUNK time steps of BLOCK_D channels, all states, as a register
+tile (CHUNK, BLOCK_D, BLOCK_N), and scans along time with `tl.associative_scan` over the
+linear-recurrence operator (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2). Chunks depend on each
+other only through one state each, so the scan runs in three passes:
+  1. every chunk scans from a zero state: its final local state S_c and its decay P_c = prod a;
+  2. one program per (batch, channel block) walks the chunks in order: H_{c+1} = P_c H_c + S_c
+     (a (BLOCK_D, BLOCK_N) tile per chunk: cheap);
+  3. every chunk rescans from its true initial state H_c, h[t] = h_loc[t] + (prod a)[0..t] H_c,
+     and writes y.
+The backward runs the adjoint g[t] = dL/dh[t] = C[t] dy[t] + a[t+1] g[t+1] the same way in
+reverse (a reverse associative scan), then, with h and g both in registers for a chunk, forms
+every gradient in one pass. a[t] h[t-1] = h[t] - b[t] gives the terms that need h[t-1]
+without a shifted copy:
+    du[t, d]    = delta[t, d] sum_n g B[t, n]
+    ddelta[t, d] = sum_n A g (h - b) + u[t, d] sum_n g B[t, n]
+    dA[d, n]    = sum_t delta g (h - b)        dB[t, n] = sum_d g delta u      dC[t, n] = sum_d dy h
+dB and dC sum over channels, which other programs own: each channel block writes its partial
+sums and PyTorch adds them (no atomics, so the backward is deterministic).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _linear_recurrence(a1, b1, a2, b2):
+    """Compose h -> a1 h + b1 (earlier) with h -> a2 h + b2 (later)."""
+    return a1 * a2, a2 * b1 + b2
+
+
+@triton.jit
+def _tile_2d(ptr, stride_t, stride_x, offs_t, offs_x, n_t, n_x):
+    """(CHUNK, X) tile of a (time, x) slice as float32; out-of-range reads are 0."""
+    mask = (offs_t[:, None] < n_t) & (offs_x[None, :] < n_x)
+    return tl.load(ptr + offs_t[:, None] * stride_t + offs_x[None, :] * stride_x, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _chunk_inputs(U, DELTA, A, B, off_b, t0, d0, seqlen, dim, dstate,
+                  stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                  stride_bb, stride_bl, stride_bn,
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """a = exp(delta A), b = delta u B over one chunk, (CHUNK, BLOCK_D, BLOCK_N) float32, with
+    u, delta, B, A as loaded. Steps past the sequence end read delta = 0, so a = 1 and b = 0:
+    they leave the state unchanged."""
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    n_t = seqlen - t0
+    u = _tile_2d(U + off_b.to(tl.int64) * stride_ub + t0.to(tl.int64) * stride_ul + d0 * stride_ud,
+                 stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
+    delta = _tile_2d(DELTA + off_b.to(tl.int64) * stride_db + t0.to(tl.int64) * stride_dl + d0 * stride_dd,
+                     stride_dl, stride_dd, offs_t, offs_d, n_t, dim - d0)
+    bmat = _tile_2d(B + off_b.to(tl.int64) * stride_bb + t0.to(tl.int64) * stride_bl, stride_bl, stride_bn,
+                    offs_t, offs_n, n_t, dstate)
+    amat = _tile_2d(A + d0 * stride_ad, stride_ad, stride_an, offs_d, offs_n, dim - d0, dstate)
+    a = tl.exp(delta[:, :, None] * amat[None, :, :])
+    b = (delta * u)[:, :, None] * bmat[:, None, :]
+    return a, b, u, delta, bmat, amat
+
+
+@triton.jit
+def _row(x, offs_t, t: tl.constexpr):
+    """Row t of a (CHUNK, ...) tile: a masked sum, since register tiles are not indexable."""
+    return tl.sum(tl.where(offs_t[:, None, None] == t, x, 0.0), 0)
+
+
+@triton.jit
+def _state_ptrs(S, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate,
+                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    ptrs = (S + off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d)[:, None] * stride_sd
+            + offs_n[None, :])
+    mask = ((d0 + offs_d)[:, None] < dim) & (offs_n[None, :] < dstate)
+    return ptrs, mask
+
+
+@triton.jit
+def _scan_chunk_local_kernel(U, DELTA, A, B, S_LOC, P, seqlen, dim, dstate,
+                             stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                             stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
+                             CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 1: each chunk's final state from a zero start (S_c) and its decay (P_c)."""
+    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
+    a, b, _, _, _, _ = _chunk_inputs(U, DELTA, A, B, off_b, chunk * CHUNK, d0, seqlen, dim, dstate,
+                                     stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad,
+                                     stride_an, stride_bb, stride_bl, stride_bn, CHUNK, BLOCK_D, BLOCK_N)
+    a_cum, h_loc = tl.associative_scan((a, b), 0, _linear_recurrence)
+    offs_t = tl.arange(0, CHUNK)
+    ptrs, mask = _state_ptrs(S_LOC, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+    tl.store(ptrs, _row(h_loc, offs_t, CHUNK - 1), mask=mask)
+    ptrs, mask = _state_ptrs(P, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+    tl.store(ptrs, _row(a_cum, offs_t, CHUNK - 1), mask=mask)
+
+
+@triton.jit
+def _scan_chunk_pass_kernel(S_LOC, P, H, n_chunks, dim, dstate, stride_sb, stride_sc, stride_sd,
+                            REVERSE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 2: walk the chunks in order (forward: H_{c+1} = P_c H_c + S_c, storing each chunk's
+    initial state), or in reverse for the adjoint (X_{c-1} = S_c + P_c X_c, storing each
+    chunk's carried-in adjoint). S_LOC and P are indexed by chunk either way."""
+    off_b, d0 = tl.program_id(0), tl.program_id(1) * BLOCK_D
+    carry = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+    for i in range(0, n_chunks):
+        if REVERSE:
+            chunk = n_chunks - 1 - i
+        else:
+            chunk = i
+        ptrs, mask = _state_ptrs(H, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+        tl.store(ptrs, carry, mask=mask)
+        p_ptrs, _ = _state_ptrs(P, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+        s_ptrs, _ = _state_ptrs(S_LOC, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D,
+                                BLOCK_N)
+        carry = tl.load(p_ptrs, mask=mask, other=0.0) * carry + tl.load(s_ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _scan_chunk_out_kernel(U, DELTA, A, B, C, H, Y, seqlen, dim, dstate,
+                           stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                           stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
+                           stride_sb, stride_sc, stride_sd, stride_yb, stride_yl, stride_yd,
+                           CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 3: rescan each chunk from its true initial state and write y = sum_n C h."""
+    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
+    t0 = chunk * CHUNK
+    a, b, _, _, _, _ = _chunk_inputs(U, DELTA, A, B, off_b, t0, d0, seqlen, dim, dstate,
+                                     stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad,
+                                     stride_an, stride_bb, stride_bl, stride_bn, CHUNK, BLOCK_D, BLOCK_N)
+    a_cum, h_loc = tl.associative_scan((a, b), 0, _linear_recurrence)
+    ptrs, mask = _state_ptrs(H, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+    h = h_loc + a_cum * tl.load(ptrs, mask=mask, other=0.0)[None, :, :]
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    cmat = _tile_2d(C + off_b.to(tl.int64) * stride_cb + t0.to(tl.int64) * stride_cl, stride_cl, stride_cn,
+                    offs_t, offs_n, seqlen - t0, dstate)
+    y = tl.sum(h * cmat[:, None, :], 2)
+    y_ptrs = (Y + off_b.to(tl.int64) * stride_yb + t0.to(tl.int64) * stride_yl + offs_t[:, None] * stride_yl
+              + (d0 + offs_d)[None, :] * stride_yd)
+    tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=(offs_t[:, None] < seqlen - t0) & ((d0 + offs_d)[None, :] < dim))
+
+
+@triton.jit
+def _chunk_adjoint(DELTA, A, C, DY, off_b, t0, d0, seqlen, dim, dstate, amat,
+                   stride_db, stride_dl, stride_dd, stride_cb, stride_cl, stride_cn, stride_yb, stride_yl, stride_yd,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The within-chunk adjoint from dy alone, g_loc[t] = C[t] dy[t] + a[t+1] g_loc[t+1], and
+    prod_{s>t} a[s] (the factor on the adjoint carried in from later chunks); plus dy."""
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    n_t = seqlen - t0
+    # a[t+1] within this chunk; 1 at the chunk's last step (the carried-in adjoint covers it).
+    delta_next = _tile_2d(DELTA + off_b.to(tl.int64) * stride_db + (t0 + 1).to(tl.int64) * stride_dl
+                          + d0 * stride_dd, stride_dl, stride_dd, offs_t, offs_d,
+                          tl.minimum(n_t - 1, CHUNK - 1), dim - d0)
+    alpha = tl.exp(delta_next[:, :, None] * amat[None, :, :])
+    dy = _tile_2d(DY + off_b.to(tl.int64) * stride_yb + t0.to(tl.int64) * stride_yl + d0 * stride_yd,
+                  stride_yl, stride_yd, offs_t, offs_d, n_t, dim - d0)
+    cmat = _tile_2d(C + off_b.to(tl.int64) * stride_cb + t0.to(tl.int64) * stride_cl, stride_cl, stride_cn,
+                    offs_t, offs_n, n_t, dstate)
+    alpha_cum, g_loc = tl.associative_scan((alpha, dy[:, :, None] * cmat[:, None, :]), 0, _linear_recurrence,
+                                           reverse=True)
+    return alpha_cum, g_loc, dy, cmat
+
+
+@triton.jit
+def _scan_chunk_bwd_local_kernel(U, DELTA, A, B, C, DY, Y_LOC, seqlen, dim, dstate,
+                                 stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad,
+                                 stride_an, stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
+                                 stride_yb, stride_yl, stride_yd, stride_sb, stride_sc, stride_sd,
+                                 CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Backward pass 1: what each chunk hands to the one before it from its own dy,
+    a[first] g_loc[first] (the reverse pass then adds the decayed adjoint from later chunks)."""
+    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
+    t0 = chunk * CHUNK
+    a, _, _, _, _, amat = _chunk_inputs(U, DELTA, A, B, off_b, t0, d0, seqlen, dim, dstate,
+                                        stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad,
+                                        stride_an, stride_bb, stride_bl, stride_bn, CHUNK, BLOCK_D, BLOCK_N)
+    _, g_loc, _, _ = _chunk_adjoint(DELTA, A, C, DY, off_b, t0, d0, seqlen, dim, dstate, amat,
+                                    stride_db, stride_dl, stride_dd, stride_cb, stride_cl, stride_cn,
+                                    stride_yb, stride_yl, stride_yd, CHUNK, BLOCK_D, BLOCK_N)
+    offs_t = tl.arange(0, CHUNK)
+    ptrs, mask = _state_ptrs(Y_LOC, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+    tl.store(ptrs, _row(a * g_loc, offs_t, 0), mask=mask)
+
+
+@triton.jit
+def _scan_chunk_grads_kernel(U, DELTA, A, B, C, DY, H, X, DU, DDELTA, DA_PART, DB_PART, DC_PART,
+                             seqlen, dim, dstate,
+                             stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                             stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
+                             stride_yb, stride_yl, stride_yd, stride_sb, stride_sc, stride_sd,
+                             stride_pk, stride_pb, stride_pl,
+                             CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Backward pass 3: with h (forward rescan from H_c) and g (reverse rescan with X_c) of
+    one chunk in registers, every gradient term (module docstring). du and ddelta go out in
+    float32 (B, L, D); dA, dB and dC as partial sums."""
+    off_b, pid_d, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    d0 = pid_d * BLOCK_D
+    t0 = chunk * CHUNK
+    a, b, u, delta, bmat, amat = _chunk_inputs(U, DELTA, A, B, off_b, t0, d0, seqlen, dim, dstate,
+                                               stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd,
+                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn,
+                                               CHUNK, BLOCK_D, BLOCK_N)
+    a_cum, h_loc = tl.associative_scan((a, b), 0, _linear_recurrence)
+    ptrs, mask = _state_ptrs(H, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+    h = h_loc + a_cum * tl.load(ptrs, mask=mask, other=0.0)[None, :, :]
+    alpha_cum, g_loc, dy, cmat = _chunk_adjoint(DELTA, A, C, DY, off_b, t0, d0, seqlen, dim, dstate, amat,
+                                                stride_db, stride_dl, stride_dd, stride_cb, stride_cl, stride_cn,
+                                                stride_yb, stride_yl, stride_yd, CHUNK, BLOCK_D, BLOCK_N)
+    ptrs, mask = _state_ptrs(X, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
+    g = g_loc + alpha_cum * tl.load(ptrs, mask=mask, other=0.0)[None, :, :]
+
+    gb_sum = tl.sum(g * bmat[:, None, :], 2)                      # sum_n g B          (CHUNK, BLOCK_D)
+    g_hb = g * (h - b)                                            # g a h[t-1]
+    du = delta * gb_sum
+    ddelta = tl.sum(g_hb * amat[None, :, :], 2) + u * gb_sum
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_mask = offs_t < seqlen - t0
+    td_mask = row_mask[:, None] & ((d0 + offs_d)[None, :] < dim)
+    base = off_b.to(tl.int64) * stride_ub + t0.to(tl.int64) * stride_ul  # DU/DDELTA: float32 copies of u's layout
+    td = offs_t[:, None] * stride_ul + (d0 + offs_d)[None, :] * stride_ud
+    tl.store(DU + base + td, du, mask=td_mask)
+    tl.store(DDELTA + base + td, ddelta, mask=td_mask)
+
+    ptrs, mask = _state_ptrs(DA_PART, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D,
+                             BLOCK_N)
+    tl.store(ptrs, tl.sum(g_hb * delta[:, :, None], 0), mask=mask)
+    tn_mask = row_mask[:, None] & (offs_n[None, :] < dstate)
+    part = pid_d.to(tl.int64) * stride_pk + off_b.to(tl.int64) * stride_pb + t0.to(tl.int64) * stride_pl
+    tn = offs_t[:, None] * stride_pl + offs_n[None, :]
+    tl.store(DB_PART + part + tn, tl.sum(g * (delta * u)[:, :, None], 1), mask=tn_mask)
+    tl.store(DC_PART + part + tn, tl.sum(dy[:, :, None] * h, 1), mask=tn_mask)
+
+
+# ---------------------------------------------------------------- launchers
+
+def _blocks(dim: int, dstate: int, interpreted: bool) -> dict:
+    # A (CHUNK, BLOCK_D, BLOCK_N) float32 tile per live tensor: CHUNK * BLOCK_D * BLOCK_N = 8192
+    # keeps each at 32 registers per thread over 8 warps.
+    block_n = max(2, triton.next_power_of_2(dstate))
+    block_d = 8 if interpreted else max(1, min(16, 256 // block_n))
+    chunk = 16 if interpreted else max(8, 8192 // (block_d * block_n))
+    return dict(CHUNK=chunk, BLOCK_D=block_d, BLOCK_N=block_n)
+
+
+def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def scan_forward(u, delta, A, B, C, interpreted: bool = False):
+    """y (batch, seqlen, dim) in float32, the chunk-initial states H and the chunk decays P (for
+    the backward)."""
+    batch, seqlen, dim = u.shape
+    dstate = A.shape[1]
+    cfg = _blocks(dim, dstate, interpreted)
+    n_chunks = triton.cdiv(seqlen, cfg["CHUNK"])
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    states = [torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32) for _ in range(3)]
+    s_loc, decay, h0 = states
+    common = (seqlen, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B))
+    s_strides = (s_loc.stride(0), s_loc.stride(1), s_loc.stride(2))
+    _scan_chunk_local_kernel[grid](u, delta, A, B, s_loc, decay, *common, *s_strides, **cfg)
+    _scan_chunk_pass_kernel[grid[:2]](s_loc, decay, h0, n_chunks, dim, dstate, *s_strides, REVERSE=False,
+                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"])
+    y = torch.empty(u.shape, device=u.device, dtype=torch.float32)
+    _scan_chunk_out_kernel[grid](u, delta, A, B, C, h0, y, *common, *_strides3(C), *s_strides, *_strides3(y), **cfg)
+    return y, h0, decay
+
+
+def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False):
+    """(du, ddelta, dA, dB, dC) of the core, given dL/dy."""
+    batch, seqlen, dim = u.shape
+    dstate = A.shape[1]
+    cfg = _blocks(dim, dstate, interpreted)
+    n_chunks = h0.shape[1]
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    dy = dy.contiguous()
+    y_loc, carried = torch.empty_like(h0), torch.empty_like(h0)
+    common = (seqlen, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B))
+    s_strides = (h0.stride(0), h0.stride(1), h0.stride(2))
+    _scan_chunk_bwd_local_kernel[grid](u, delta, A, B, C, dy, y_loc, *common, *_strides3(C), *_strides3(dy),
+                                       *s_strides, **cfg)
+    _scan_chunk_pass_kernel[grid[:2]](y_loc, decay, carried, n_chunks, dim, dstate, *s_strides, REVERSE=True,
+                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"])
+    du = torch.empty(u.shape, device=u.device, dtype=torch.float32)  # u is contiguous (interface.py)
+    ddelta = torch.empty_like(du)
+    da_part = torch.empty_like(h0)
+    db_part = torch.empty(grid[1], batch, seqlen, dstate, device=u.device, dtype=torch.float32)
+    dc_part = torch.empty_like(db_part)
+    _scan_chunk_grads_kernel[grid](u, delta, A, B, C, dy, h0, carried, du, ddelta, da_part, db_part, dc_part, *common,
+                                   *_strides3(C), *_strides3(dy), *s_strides, db_part.stride(0), db_part.stride(1),
+                                   db_part.stride(2), **cfg)
+    return du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0)
