@@ -6,7 +6,8 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
 
     python benchmarks/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
 
-CASE is plain, rope (fp32 tables), rope-bf16, window or dropout; --fwd/--dkdv/--dq force tiles.
+CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout or mamba (the
+selective scan); --fwd/--dkdv/--dq force tiles.
 """
 
 from __future__ import annotations
@@ -130,6 +131,15 @@ def main(argv):
     elif case == "rope-dropout":
         cos, sin = rotary_tables(n, rotary_dim, dtype=torch.float32)
         kw = dict(rotary_cos=cos, rotary_sin=sin, dropout_p=0.1)
+    if case == "mamba":  # the selective scan's kernels at Mamba's usual sizes (d_inner 512, dstate 16)
+        from genoflash.ops.mamba import scan
+        u, delta = torch.randn(1, 1000, 512), torch.rand(1, 1000, 512)
+        A, B, C = -torch.rand(512, 16), torch.randn(1, 1000, 16), torch.randn(1, 1000, 16)
+        y, h0, decay = scan.scan_forward(u, delta, A, B, C)
+        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay)
+        for name, warps, stages, kernel in COMPILED:
+            print(f"mamba {name:<32} warps {warps} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")
+        return
     fwd = _tiles(args.fwd) if args.fwd else None
     bwd = None
     if args.dkdv or args.dq:

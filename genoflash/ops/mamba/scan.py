@@ -254,7 +254,8 @@ def _blocks(dim: int, dstate: int, interpreted: bool) -> dict:
     block_n = max(2, triton.next_power_of_2(dstate))
     block_d = 8 if interpreted else max(1, min(16, 256 // block_n))
     chunk = 16 if interpreted else max(8, 8192 // (block_d * block_n))
-    return dict(CHUNK=chunk, BLOCK_D=block_d, BLOCK_N=block_n)
+    # 8 warps: 256 threads share each 8192-element tile (4 warps made the gradient pass spill).
+    return dict(CHUNK=chunk, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=8)
 
 
 def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
@@ -275,7 +276,7 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False):
     s_strides = (s_loc.stride(0), s_loc.stride(1), s_loc.stride(2))
     _scan_chunk_local_kernel[grid](u, delta, A, B, s_loc, decay, *common, *s_strides, **cfg)
     _scan_chunk_pass_kernel[grid[:2]](s_loc, decay, h0, n_chunks, dim, dstate, *s_strides, REVERSE=False,
-                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"])
+                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"], num_warps=4)
     y = torch.empty(u.shape, device=u.device, dtype=torch.float32)
     _scan_chunk_out_kernel[grid](u, delta, A, B, C, h0, y, *common, *_strides3(C), *s_strides, *_strides3(y), **cfg)
     return y, h0, decay
@@ -295,7 +296,7 @@ def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False):
     _scan_chunk_bwd_local_kernel[grid](u, delta, A, B, C, dy, y_loc, *common, *_strides3(C), *_strides3(dy),
                                        *s_strides, **cfg)
     _scan_chunk_pass_kernel[grid[:2]](y_loc, decay, carried, n_chunks, dim, dstate, *s_strides, REVERSE=True,
-                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"])
+                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"], num_warps=4)
     du = torch.empty(u.shape, device=u.device, dtype=torch.float32)  # u is contiguous (interface.py)
     ddelta = torch.empty_like(du)
     da_part = torch.empty_like(h0)
