@@ -83,3 +83,26 @@ def test_scale_commands_run_at_cpu_size(tmp_path):
                  "--nheads", "2", "--out", str(tmp_path)]) == 0
     record = json.loads(next(tmp_path.glob("*chloroplast*.json")).read_text())
     assert record["context_bp"] == 2047 and 1.0 < record["loss"] < 3.0
+
+
+def test_bench_mixers_runs_at_cpu_size(tmp_path):
+    """`genoflash bench mixers`' code paths (each mixer's fwd+bwd, JSON saved, crossovers, plot), tiny and on the CPU."""
+    assert main(["bench", "mixers", "--cpu", "--d-models", "16", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*mixers.json")).read_text())
+    for mixer in ("attention", "hyena", "mamba"):
+        times = report["results"]["16"][mixer]
+        assert set(times) == {"64", "128"} and all(r["ms"] > 0 for r in times.values())
+    assert set(report["crossovers"]["16"]) == {"hyena", "mamba"}
+    assert next(tmp_path.glob("*mixers.png")).stat().st_size > 0
+
+
+def test_mixer_crossovers_are_read_off_the_curves():
+    from genoflash.bench.mixers import crossovers
+
+    results = {"256": {"attention": {"1024": {"ms": 1.0}, "2048": {"ms": 4.0}, "4096": {"ms": 16.0}},
+                       "hyena": {"1024": {"ms": 2.0}, "2048": {"ms": 3.0}, "4096": {"ms": 5.0}},
+                       "mamba": {"1024": {"ms": 0.5}, "2048": {"ms": 5.0}, "4096": {"ms": 8.0}}}}
+    summary = crossovers(results)["256"]
+    assert summary["hyena"]["faster_than_attention_from_n"] == 2048
+    assert summary["mamba"]["faster_than_attention_from_n"] == 4096  # ahead at 1k, behind at 2k: not "from 1k"
+    assert summary["hyena"]["attention_over_mixer_at_longest_common_n"] == (4096, 16.0 / 5.0)

@@ -1,0 +1,181 @@
+"""`genoflash bench mixers`: attention, Hyena and Mamba side by side, one layer at a time.
+
+For each mixer (genoflash MultiHeadAttention, causal, RoPE off so only the mixing is timed;
+the Hyena operator, order 2; the Mamba block, d_state 16) at d_model 256 and 1024, and
+N = 1k, 2k, ... up to --max-seqlen: one layer's forward+backward in bf16 at batch 1, median
+time (`triton.testing.do_bench`) and peak memory (inputs included). A mixer stops at its
+first out-of-memory, or once one call passes --max-seconds. Then, per d_model, where the
+curves cross: the N from which Hyena / Mamba are faster than attention, and the time ratio
+at the longest N all three ran.
+
+Writes <out>/<gpu>-<date>-mixers.json (saved after every point) and a plot of time and
+memory against N. `--cpu` runs tiny sizes on the CPU (timed with perf_counter) to check the
+code paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .records import results_stem, run_metadata
+
+MIXERS = ("attention", "hyena", "mamba")
+
+
+def build(mixer: str, d_model: int, l_max: int, device, dtype) -> torch.nn.Module:
+    from ..layers import HyenaOperator, Mamba, MultiHeadAttention
+    if mixer == "attention":
+        layer = MultiHeadAttention(d_model, max(1, d_model // 128), causal=True, rotary=False)
+    elif mixer == "hyena":
+        layer = HyenaOperator(d_model, l_max, order=2, causal=True)
+    else:
+        layer = Mamba(d_model, d_state=16)
+    return layer.to(device, dtype)
+
+
+def _time(fn, device) -> float:
+    """Median ms of fn()."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=5, rep=50, return_mode="median")
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[1]
+
+
+def measure(mixer: str, d_model: int, seqlen: int, device, dtype) -> dict:
+    """{"ms", "peak_gib"} of one forward+backward, or {"error"}."""
+    try:
+        layer = build(mixer, d_model, seqlen, device, dtype)
+        x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
+        dy = torch.randn_like(x)
+
+        def step():
+            torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
+
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            peak = None
+        return {"ms": _time(step, device), "peak_gib": peak}
+    except torch.cuda.OutOfMemoryError:
+        return {"error": "out of memory"}
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def crossovers(results: dict) -> dict:
+    """Per d_model: the smallest N from which each other mixer beats attention (and stays
+    ahead), and the time ratios attention / mixer at the longest N that every mixer ran."""
+    summary = {}
+    for d_model, by_mixer in results.items():
+        attention = {int(n): r["ms"] for n, r in by_mixer.get("attention", {}).items() if "ms" in r}
+        entry = {}
+        for mixer in MIXERS[1:]:
+            times = {int(n): r["ms"] for n, r in by_mixer.get(mixer, {}).items() if "ms" in r}
+            common = sorted(set(times) & set(attention))
+            faster = [n for n in common if times[n] < attention[n]]
+            from_n = next((n for n in common if all(times[m] < attention[m] for m in common if m >= n)), None)
+            entry[mixer] = {"faster_than_attention_from_n": from_n, "faster_at": faster,
+                            "attention_over_mixer_at_longest_common_n":
+                                (common[-1], attention[common[-1]] / times[common[-1]]) if common else None}
+        summary[d_model] = entry
+    return summary
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    styles = {"256": "-", "1024": "--"}
+    for i, mixer in enumerate(MIXERS):
+        for d_model, by_mixer in report["results"].items():
+            points = sorted((int(n), r) for n, r in by_mixer.get(mixer, {}).items() if "ms" in r)
+            if not points:
+                continue
+            n = [p[0] for p in points]
+            label = f"{mixer} d={d_model}"
+            axes[0].plot(n, [p[1]["ms"] for p in points], styles.get(d_model, ":"), marker="o", color=f"C{i}",
+                         label=label)
+            if points[0][1]["peak_gib"] is not None:
+                axes[1].plot(n, [p[1]["peak_gib"] for p in points], styles.get(d_model, ":"), marker="o",
+                             color=f"C{i}", label=label)
+    for ax, ylabel in zip(axes, ("fwd+bwd time (ms)", "peak memory (GiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N (batch 1)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    meta = report["metadata"]
+    fig.suptitle(f"one layer, attention vs Hyena vs Mamba on {meta['device']} ({meta['date'][:10]}, "
+                 f"{meta['git_commit'][:8]})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="genoflash bench mixers", description=__doc__.splitlines()[0])
+    parser.add_argument("--d-models", default="256,1024")
+    parser.add_argument("--mixers", default=",".join(MIXERS))
+    parser.add_argument("--max-seqlen", type=int, default=1 << 20)
+    parser.add_argument("--max-seconds", type=float, default=20.0, help="stop a mixer once one call takes longer")
+    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        print("genoflash bench mixers needs a CUDA GPU (or --cpu for a tiny run)", flush=True)
+        return 2
+    device = torch.device("cpu" if args.cpu else "cuda")
+    dtype = torch.float32 if args.cpu else torch.bfloat16
+    mixers = [m.strip() for m in args.mixers.split(",")]
+    unknown = set(mixers) - set(MIXERS)
+    if unknown:
+        raise SystemExit(f"unknown mixer(s): {', '.join(sorted(unknown))}")
+    seqlens = [1 << p for p in range(10, args.max_seqlen.bit_length()) if (1 << p) <= args.max_seqlen]
+    if args.cpu:
+        seqlens = [n for n in (64, 128) if n <= args.max_seqlen] or [args.max_seqlen]
+    metadata = run_metadata(dtype=str(dtype), method="one layer fwd+bwd at batch 1; median of do_bench (GPU) or of "
+                                                     "3 perf_counter runs (CPU); peak = max_memory_allocated")
+    stem = results_stem(args.out, metadata, "mixers")
+    report = {"metadata": metadata, "results": {}}
+
+    def save():
+        report["crossovers"] = crossovers(report["results"])
+        Path(f"{stem}.json").write_text(json.dumps(report, indent=1))
+
+    from ..backends import use_backend
+    backend = "torch" if args.cpu else "triton"
+    with use_backend(backend):
+        for d_model in (int(d) for d in args.d_models.split(",")):
+            for mixer in mixers:
+                for n in seqlens:
+                    rec = measure(mixer, d_model, n, device, dtype)
+                    report["results"].setdefault(str(d_model), {}).setdefault(mixer, {})[str(n)] = rec
+                    shown = f"{rec['ms']:10.2f} ms" + (f" {rec['peak_gib']:8.2f} GiB" if rec.get("peak_gib") else "") \
+                        if "ms" in rec else rec["error"]
+                    print(f"d={d_model:<5} {mixer:<10} N={n:>9,}  {shown}", flush=True)
+                    save()
+                    if "ms" not in rec or rec["ms"] > 1e3 * args.max_seconds:
+                        break
+    plot(report, Path(f"{stem}.png"))
+    print(json.dumps(report["crossovers"], indent=1), flush=True)
+    print(f"wrote {stem}.json and .png", flush=True)
+    return 0
