@@ -1,0 +1,1 @@
+"""Bridges to other libraries. Each module imports its library only when it is imported."""

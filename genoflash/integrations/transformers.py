@@ -1,0 +1,111 @@
+"""genoflash as a Hugging Face transformers attention implementation.
+
+    import genoflash.integrations.transformers          # registers "genoflash"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="genoflash")
+
+Any transformers model that dispatches through `AttentionInterface` (Llama, Qwen, Mistral,
+Gemma, ModernBERT, ...) then runs its attention on genoflash: causal or not, GQA, sliding
+windows, softcap and dropout in the kernels. Padding masks arrive as transformers gives them
+to FlashAttention-2, a 2-D (batch, kv_len) boolean mask or None (`flash_attention_mask`); a
+padded batch is packed to the varlen layout, so padding costs no compute. Packed batches
+(padding-free training, where transformers passes cu_seq_lens_q/k) run varlen as well.
+
+transformers treats every implementation whose name contains "flash" as a FlashAttention
+flavour and preloads its functions by name (`modeling_flash_attention_utils._lazy_imports`),
+which knows flash-attn 2/3/4 and Hub kernels only. `register()` wraps that loader so the name
+"genoflash" resolves to genoflash's own flash-attn-compatible functions; every other name
+goes through unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+from ..ops.attention import flash_attn_func, flash_attn_varlen_func
+from ..padding import pad_input, unpad_input
+
+NAME = "genoflash"
+
+
+def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                                value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                                scaling: float | None = None, is_causal: bool | None = None,
+                                sliding_window: int | None = None, softcap: float | None = None,
+                                **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention call: query (batch, nheads, q_len, headdim), key/value
+    (batch, nheads_kv, kv_len, headdim) -> ((batch, q_len, nheads, headdim), None)."""
+    if kwargs.get("output_attentions"):
+        raise ValueError("genoflash never forms the attention matrix: output_attentions is not available; "
+                         "use attn_implementation='eager' to inspect attention weights")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout: (batch, seqlen, heads, dim)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    # transformers counts a window in tokens including the current one; flash-attn's bounds are
+    # inclusive offsets, so a window of w tokens is w - 1 to each side.
+    window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
+    kw = dict(dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None and attention_mask is None:
+        cu_q = cu_k = _packed_boundaries(kwargs.get("position_ids"), q.shape[0], q.shape[1], k.shape[1])
+    if cu_q is not None and cu_k is not None:  # a packed batch: (1, total, heads, dim) and prefix sums
+        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        max_q = int(max_q) if max_q is not None else int((cu_q[1:] - cu_q[:-1]).max())
+        max_k = int(max_k) if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max())
+        out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k,
+                                     **kw)
+        return out[None], None
+    if attention_mask is None:
+        return flash_attn_func(q, k, v, **kw), None
+    if attention_mask.dim() != 2 or attention_mask.dtype != torch.bool:
+        raise ValueError(f"genoflash expects transformers' 2-D boolean padding mask (batch, kv_len), got "
+                         f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+    batch, q_len = q.shape[:2]
+    kv_mask = attention_mask[:, -k.shape[1]:]
+    q_mask = kv_mask[:, -q_len:]  # queries are the last q_len positions (decoding with a cache)
+    q_packed, q_index, cu_q, max_q, _ = unpad_input(q, q_mask)
+    k_packed, _, cu_k, max_k, _ = unpad_input(k, kv_mask)
+    v_packed, _, _, _, _ = unpad_input(v, kv_mask)
+    out = flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, **kw)
+    # Fully padded query rows come back as zeros.
+    return pad_input(out, q_index, batch, q_len), None
+
+
+def _packed_boundaries(position_ids, batch: int, q_len: int, kv_len: int):
+    """cu_seqlens of a padding-free packed batch, told by position_ids restarting at 0 (as
+    transformers' FlashAttention path reads them), or None for an ordinary batch."""
+    if position_ids is None or batch != 1 or q_len != kv_len or position_ids.shape[-1] != q_len:
+        return None
+    pos = position_ids.reshape(-1)
+    if torch.equal(pos, torch.arange(q_len, device=pos.device) + pos.min()):
+        return None  # one sequence
+    starts = (pos == 0).nonzero().flatten()
+    if starts.numel() == 0 or starts[0] != 0:
+        return None
+    return torch.cat([starts, starts.new_tensor([q_len])]).to(torch.int32)
+
+
+def _patch_flash_loader() -> None:
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    loader = getattr(fa_utils, "_lazy_imports", None)
+    if loader is None or getattr(loader, "_genoflash", False):
+        return
+
+    def lazy_imports(implementation, *args, **kwargs):
+        if implementation == NAME:
+            return flash_attn_func, flash_attn_varlen_func, None, fa_utils._pad_input, fa_utils._unpad_input
+        return loader(implementation, *args, **kwargs)
+
+    lazy_imports._genoflash = True
+    fa_utils._lazy_imports = lazy_imports
+
+
+def register() -> None:
+    """Register "genoflash" with transformers (idempotent)."""
+    AttentionInterface.register(NAME, genoflash_attention_forward)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)
+    _patch_flash_loader()
+
+
+register()
