@@ -22,7 +22,6 @@ os.environ.pop("TRITON_INTERPRET", None)
 os.environ["GENOFLASH_OFFLINE_COMPILE"] = "1"
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -30,9 +29,6 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 class _Sm90Driver:
     """Just enough of a CUDA driver for Triton to compile (not launch) for sm_90."""
-
-    def __init__(self):
-        from triton.backends.nvidia.driver import CudaUtils  # noqa: F401  (fails loudly if absent)
 
     def get_current_target(self):
         return GPUTarget("cuda", 90, 32)
@@ -93,7 +89,6 @@ def main(argv):
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     JITFunction.run = _compile_only
-    from genoflash.ops.attention.backward import attention_backward  # noqa: F401
     import genoflash
     from genoflash.ops.attention import configs, interface
     from genoflash.rotary import rotary_tables

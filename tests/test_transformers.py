@@ -12,19 +12,20 @@ import genoflash  # noqa: E402
 import genoflash.integrations.transformers  # noqa: E402,F401  (registers "genoflash")
 
 
-def tiny_llama(attn_implementation: str):
+def tiny_llama(attn_implementation: str, device="cpu"):
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(0)  # the same weights for every implementation
-    return transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation).eval()
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation)
+    return model.to(device).eval()
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("padding", [None, "right", "left"])
-def test_llama_logits_and_gradients_match_eager(backend, padding):
-    eager, ours = tiny_llama("eager"), tiny_llama("genoflash")
+def test_llama_logits_and_gradients_match_eager(backend, padding, device):
+    eager, ours = tiny_llama("eager", device), tiny_llama("genoflash", device)
     assert ours.config._attn_implementation == "genoflash"
-    ids = torch.randint(0, 64, (2, 37))
+    ids = torch.randint(0, 64, (2, 37), device=device)
     mask = torch.ones_like(ids)
     if padding == "right":
         mask[0, 30:] = 0
