@@ -99,8 +99,9 @@ def main(argv):
     fwd_cfg, bwd_cfg = configs.forward_config, configs.backward_config
     configs.forward_config = lambda d, dv, causal, dt, device, *rest: fwd_cfg(d, dv, causal, dt, gpu, *rest)
     configs.backward_config = lambda d, dv, causal, dt, device, *rest: bwd_cfg(d, dv, causal, dt, gpu, *rest)
+    import importlib
     for mod in ("forward", "backward"):
-        m = sys.modules[f"genoflash.ops.attention.{mod}"]
+        m = importlib.import_module(f"genoflash.ops.attention.{mod}")
         for name in ("forward_config", "backward_config"):
             if hasattr(m, name):
                 setattr(m, name, getattr(configs, name))
