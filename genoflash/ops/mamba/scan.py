@@ -9,8 +9,11 @@ tile (CHUNK, BLOCK_D, BLOCK_N), and scans along time with `tl.associative_scan` 
 linear-recurrence operator (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2). Chunks depend on each
 other only through one state each, so the scan runs in three passes:
   1. every chunk scans from a zero state: its final local state S_c and its decay P_c = prod a;
-  2. one program per (batch, channel block) walks the chunks in order: H_{c+1} = P_c H_c + S_c
-     (a (BLOCK_D, BLOCK_N) tile per chunk: cheap);
+  2. the chunk carries H_{c+1} = P_c H_c + S_c, a walk over the chunks in order (a
+     (BLOCK_D, BLOCK_N) tile per chunk). With many chunks (32k at a million tokens) the walk
+     is two-level so its sequential depth is ~2 sqrt(n_chunks), not n_chunks: groups of G
+     chunks compose their (P, S) in parallel, one walk over the groups gives each group's
+     carry, and the groups expand it to their chunks in parallel;
   3. every chunk rescans from its true initial state H_c, h[t] = h_loc[t] + (prod a)[0..t] H_c,
      and writes y.
 The backward runs the adjoint g[t] = dL/dh[t] = C[t] dy[t] + a[t+1] g[t+1] the same way in
@@ -25,6 +28,8 @@ sums and PyTorch adds them (no atomics, so the backward is deterministic).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -122,6 +127,51 @@ def _scan_chunk_pass_kernel(S_LOC, P, H, n_chunks, dim, dstate, stride_sb, strid
         s_ptrs, _ = _state_ptrs(S_LOC, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D,
                                 BLOCK_N)
         carry = tl.load(p_ptrs, mask=mask, other=0.0) * carry + tl.load(s_ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _chunk_groups_kernel(S_LOC, P, OUT, GROUP_S, GROUP_P, GROUP_H, n_chunks, group_size, dim, dstate,
+                         stride_sb, stride_sc, stride_sd, stride_gb, stride_gc, stride_gd,
+                         EXPAND: tl.constexpr, REVERSE: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    """The two ends of the two-level carry walk, for the group of chunks this program owns
+    (chunks in walk order, reversed for the adjoint):
+      EXPAND False: compose the group's chunk maps h -> P h + S into one, (GROUP_P, GROUP_S);
+      EXPAND True:  walk the group from its carry GROUP_H, storing each chunk's carry in OUT."""
+    off_b, d0, group = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
+    g_ptrs, mask = _state_ptrs(GROUP_H, off_b, group, d0, stride_gb, stride_gc, stride_gd, dim, dstate, BLOCK_D,
+                               BLOCK_N)
+    if EXPAND:
+        carry = tl.load(g_ptrs, mask=mask, other=0.0)
+    else:
+        carry = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+    decay = tl.full([BLOCK_D, BLOCK_N], 1.0, dtype=tl.float32)
+    for j in range(0, group_size):
+        step = group * group_size + j
+        if step < n_chunks:
+            if REVERSE:
+                chunk = n_chunks - 1 - step
+            else:
+                chunk = step
+            p_ptrs, _ = _state_ptrs(P, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D,
+                                    BLOCK_N)
+            s_ptrs, _ = _state_ptrs(S_LOC, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D,
+                                    BLOCK_N)
+            p = tl.load(p_ptrs, mask=mask, other=0.0)
+            if EXPAND:
+                o_ptrs, _ = _state_ptrs(OUT, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate,
+                                        BLOCK_D, BLOCK_N)
+                tl.store(o_ptrs, carry, mask=mask)
+            else:
+                decay = p * decay
+            carry = p * carry + tl.load(s_ptrs, mask=mask, other=0.0)
+    if not EXPAND:
+        s_ptrs, _ = _state_ptrs(GROUP_S, off_b, group, d0, stride_gb, stride_gc, stride_gd, dim, dstate, BLOCK_D,
+                                BLOCK_N)
+        tl.store(s_ptrs, carry, mask=mask)
+        p_ptrs, _ = _state_ptrs(GROUP_P, off_b, group, d0, stride_gb, stride_gc, stride_gd, dim, dstate, BLOCK_D,
+                                BLOCK_N)
+        tl.store(p_ptrs, decay, mask=mask)
 
 
 @triton.jit
@@ -262,6 +312,34 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+# Below this many chunks one sequential walk is short enough.
+_ONE_LEVEL_CHUNKS = 16
+
+
+def _carry_walk(s_loc: torch.Tensor, decay: torch.Tensor, out: torch.Tensor, reverse: bool, cfg: dict) -> None:
+    """out[c] = the carry into chunk c of the walk carry <- P_c carry + S_c (in chunk order, or
+    reversed), from a zero start."""
+    batch, n_chunks, dim, dstate = s_loc.shape
+    blocks = dict(BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"], num_warps=4)
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
+    strides = _strides3(s_loc)
+    if n_chunks <= _ONE_LEVEL_CHUNKS:
+        _scan_chunk_pass_kernel[grid](s_loc, decay, out, n_chunks, dim, dstate, *strides, REVERSE=reverse, **blocks)
+        return
+    group_size = max(2, math.isqrt(n_chunks))
+    n_groups = triton.cdiv(n_chunks, group_size)
+    group_s, group_p, group_h = (torch.empty(batch, n_groups, dim, dstate, device=s_loc.device, dtype=torch.float32)
+                                 for _ in range(3))
+    g_strides = _strides3(group_s)
+    for expand in (False, True):
+        if expand:  # the groups' carries: one walk over the composed groups, in walk order
+            _scan_chunk_pass_kernel[grid](group_s, group_p, group_h, n_groups, dim, dstate, *g_strides,
+                                          REVERSE=False, **blocks)
+        _chunk_groups_kernel[(*grid, n_groups)](s_loc, decay, out, group_s, group_p, group_h, n_chunks, group_size,
+                                                dim, dstate, *strides, *g_strides, EXPAND=expand, REVERSE=reverse,
+                                                **blocks)
+
+
 def scan_forward(u, delta, A, B, C, interpreted: bool = False):
     """y (batch, seqlen, dim) in float32, the chunk-initial states H and the chunk decays P (for
     the backward)."""
@@ -275,8 +353,7 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False):
     common = (seqlen, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B))
     s_strides = (s_loc.stride(0), s_loc.stride(1), s_loc.stride(2))
     _scan_chunk_local_kernel[grid](u, delta, A, B, s_loc, decay, *common, *s_strides, **cfg)
-    _scan_chunk_pass_kernel[grid[:2]](s_loc, decay, h0, n_chunks, dim, dstate, *s_strides, REVERSE=False,
-                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"], num_warps=4)
+    _carry_walk(s_loc, decay, h0, False, cfg)
     y = torch.empty(u.shape, device=u.device, dtype=torch.float32)
     _scan_chunk_out_kernel[grid](u, delta, A, B, C, h0, y, *common, *_strides3(C), *s_strides, *_strides3(y), **cfg)
     return y, h0, decay
@@ -295,8 +372,7 @@ def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False):
     s_strides = (h0.stride(0), h0.stride(1), h0.stride(2))
     _scan_chunk_bwd_local_kernel[grid](u, delta, A, B, C, dy, y_loc, *common, *_strides3(C), *_strides3(dy),
                                        *s_strides, **cfg)
-    _scan_chunk_pass_kernel[grid[:2]](y_loc, decay, carried, n_chunks, dim, dstate, *s_strides, REVERSE=True,
-                                      BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"], num_warps=4)
+    _carry_walk(y_loc, decay, carried, True, cfg)
     du = torch.empty(u.shape, device=u.device, dtype=torch.float32)  # u is contiguous (interface.py)
     ddelta = torch.empty_like(du)
     da_part = torch.empty_like(h0)
