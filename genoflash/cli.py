@@ -6,6 +6,7 @@
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
     genoflash bench mixers       attention vs Hyena vs Mamba, one layer's time and memory against N (GPU)
+    genoflash bench ring         context-parallel ring attention over the GPUs of one host (torchrun, GPUs)
     genoflash scale attention    million-token attention, checked on sampled rows (GPU)
     genoflash scale chromosome   an Enformer-style encoder over a whole chromosome in one pass (GPU)
     genoflash scale chloroplast  one training step of a DNA LM on a whole real genome (GPU)
@@ -24,7 +25,7 @@ def _example(argv):
 
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
-    parser.add_argument("what", choices=["attention", "features", "memory", "mixers"])
+    parser.add_argument("what", choices=["attention", "features", "memory", "mixers", "ring"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
@@ -32,6 +33,8 @@ def _bench(argv):
         from .bench.features import main
     elif args.what == "mixers":
         from .bench.mixers import main
+    elif args.what == "ring":
+        from .bench.ring import main
     else:
         from .bench.memory import main
     return main(rest)

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 source scripts/device_env.sh  # carried wheels (pyfaidx) and ../shared/data, if carried
 unset TRITON_INTERPRET
+# NVLink multicast stays off on multi-GPU machines (the device tool's KINDS.md); the NCCL tests'
+# spawned ranks inherit this.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out_dir=${OUT:-/tmp}
 python3 - <<'PY' | tee "$out_dir/gpu_env.txt"
 import datetime, os, subprocess, torch, triton

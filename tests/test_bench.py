@@ -106,3 +106,41 @@ def test_mixer_crossovers_are_read_off_the_curves():
     assert summary["hyena"]["faster_than_attention_from_n"] == 2048
     assert summary["mamba"]["faster_than_attention_from_n"] == 4096  # ahead at 1k, behind at 2k: not "from 1k"
     assert summary["hyena"]["attention_over_mixer_at_longest_common_n"] == (4096, 16.0 / 5.0)
+
+
+def _ring_bench_rank(rank, world, init_file, out_dir):
+    import torch
+    import torch.distributed as dist
+
+    from genoflash.bench import ring
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        assert ring.main(["--cpu", "--nheads", "2", "--headdim", "16", "--baseline", "32", "--overlap", "16",
+                          "--weak", "16", "--strong", "64", "--strong-causal", "causal", "--rows", "6",
+                          "--reps", "1", "--train-context", "64", "--train-dim", "32", "--train-nheads", "2",
+                          "--out", out_dir]) == 0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bench_ring_runs_on_gloo_ranks(tmp_path):
+    """The multi-GPU scaling bench's whole path (baseline, overlap, weak, strong, training step,
+    sampled-row checks) on two gloo ranks at toy size."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ring_bench_rank, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
+    (path,) = tmp_path.glob("cpu-*-ring-x2.json")
+    report = json.loads(path.read_text())
+    assert report["host"]["world_size"] == 2 and report["host"]["backend"] == "gloo"
+    assert [r["causal"] for r in report["weak"]] == [False, True] and report["weak"][0]["seqlen"] == 32
+    assert [(r["seqlen"], r["causal"]) for r in report["strong"]] == [(64, True)]
+    for run in report["weak"] + report["strong"]:
+        assert run["rows_checked"] == 6 and run["fwd_s"] > 0
+        assert all(e < 2e-2 for e in run["max_rel_error_vs_fp32"].values()), run  # fp16 inputs
+        assert run["efficiency_vs_one_gpu_kernel"] > 0
+    for point in report["overlap"]:
+        assert point["compute_only_fwd_bwd_s"] > 0 and point["kv_exchange_s"] > 0
+    assert report["train"]["context_tokens"] == 64 and report["train"]["loss"] > 0
+    assert path.with_suffix(".png").exists()

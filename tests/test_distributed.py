@@ -222,3 +222,47 @@ def test_one_rank_nccl_ring_runs_the_gpu_path(tmp_path):
     """NCCL cannot put two ranks on one GPU; one rank still runs the GPU code path end to end
     (NCCL all_gather of the shape check, the fused kernels, the LSE merge, the block backward)."""
     mp.spawn(_nccl_worker, args=(str(tmp_path / "rendezvous"),), nprocs=1, join=True)
+
+
+def _two_gpu_worker(rank, init_file):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        # (dtype, seqlen, nheads, nheads_k, d, causal, rope): odd per-rank lengths, GQA, Dv = D.
+        for dtype, seqlen, nheads, nheads_k, d, causal, rope in (
+                (torch.bfloat16, 2 * 1001, 4, 2, 128, False, False),
+                (torch.bfloat16, 4 * 501, 4, 4, 128, True, True),
+                (torch.float16, 4 * 257, 3, 1, 96, True, False)):
+            torch.manual_seed(seqlen)  # identical full inputs on both ranks
+            q, k, v = (torch.randn(1, seqlen, h, d, device="cuda", dtype=dtype, requires_grad=True)
+                       for h in (nheads, nheads_k, nheads_k))
+            dout = torch.randn(1, seqlen, nheads, d, device="cuda", dtype=dtype)
+            cos, sin = rotary_tables(seqlen, d, device="cuda") if rope else (None, None)
+            layout = "zigzag" if causal else "contiguous"
+
+            def standard(a, b, c):
+                if rope:
+                    a, b = apply_rotary(a, cos, sin), apply_rotary(b, cos, sin)
+                b, c = (t.repeat_interleave(nheads // nheads_k, 2) for t in (b, c))
+                return attention_reference(a, b, c, causal=causal)[0]
+
+            truth, same = reference_pair(q, k, v, dout, fn=standard)
+
+            def shard(t):
+                return shard_sequence(t.detach(), 2, rank, layout)
+
+            got = outputs_and_grads(lambda a, b, c: ring_flash_attn_func(
+                a, b, c, causal=causal, layout=layout, rotary_cos=cos, rotary_sin=sin),
+                *(shard(t).requires_grad_() for t in (q, k, v)), shard(dout))
+            try:
+                assert_within_rule(got, [shard(t) for t in truth], [shard(t) for t in same])
+            except AssertionError as e:
+                raise AssertionError(f"{dtype} N={seqlen} causal={causal} rope={rope}, rank {rank}: {e}") from None
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_gpu_nccl_ring_equals_single_device_attention(tmp_path):
+    """Two NCCL ranks on two GPUs: K/V shards and their gradients cross the link between them."""
+    mp.spawn(_two_gpu_worker, args=(str(tmp_path / "rendezvous"),), nprocs=2, join=True)

@@ -3,7 +3,8 @@
 For each mixer (genoflash MultiHeadAttention, causal, RoPE off so only the mixing is timed;
 the Hyena operator, order 2; the Mamba block, d_state 16) at d_model 256 and 1024, and
 N = 1k, 2k, ... up to --max-seqlen: one layer's forward+backward in bf16 at batch 1, median
-time (`triton.testing.do_bench`) and peak memory (inputs included). A mixer stops at its
+time (`triton.testing.do_bench`; a call over a second is timed once, after its warm-up call)
+and peak memory (inputs included). A mixer stops at its
 first out-of-memory, or once one call passes --max-seconds. Then, per d_model, where the
 curves cross: the N from which Hyena / Mamba are faster than attention, and the time ratio
 at the longest N all three ran.
@@ -62,20 +63,55 @@ def measure(mixer: str, d_model: int, seqlen: int, device, dtype) -> dict:
             torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
 
         step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            step()
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() / 2**30
-        else:
-            peak = None
+        if device.type != "cuda":
+            return {"ms": _time(step, device), "peak_gib": None}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        once_ms = (time.perf_counter() - start) * 1e3
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        if once_ms > 1000:  # a call of seconds: repeats add nothing but minutes
+            return {"ms": once_ms, "peak_gib": peak, "timed_calls": 1}
         return {"ms": _time(step, device), "peak_gib": peak}
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def copy_bandwidth_gbps(device, gib: float = 2.0) -> float:
+    """HBM bandwidth as a device-to-device copy sees it (bytes read + written per second)."""
+    x = torch.empty(int(gib * 2**30) // 4, device=device, dtype=torch.float32)
+    y = torch.empty_like(x)
+    ms = _time(lambda: y.copy_(x), device)
+    return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, bc_dtype=torch.bfloat16) -> dict:
+    """The Mamba scan core alone (ops/mamba/scan.py), forward and backward, at batch 1 and the
+    dtypes the Mamba layer hands it (u, delta float32; B, C bf16). GB/s count the bytes the core
+    must move: forward reads u, delta, B, C and writes y; backward reads dy, u, delta, B, C and
+    writes du, ddelta, dB, dC (float32). The kernels' real traffic is larger (they read u and
+    delta twice, and pass chunk states through HBM)."""
+    from ..ops.mamba.scan import scan_backward, scan_forward
+    gen = torch.Generator(device=device).manual_seed(0)
+    u = torch.randn(1, seqlen, d_inner, device=device, generator=gen)
+    delta = torch.rand(1, seqlen, d_inner, device=device, generator=gen) * 0.1
+    A = -torch.rand(d_inner, dstate, device=device, generator=gen) - 0.5
+    B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(bc_dtype) for _ in range(2))
+    y, h0, decay = scan_forward(u, delta, A, B, C)
+    dy = torch.randn_like(y)
+    fwd_ms = _time(lambda: scan_forward(u, delta, A, B, C), device)
+    bwd_ms = _time(lambda: scan_backward(dy, u, delta, A, B, C, h0, decay), device)
+    ld, ln, bc = seqlen * d_inner, seqlen * dstate, B.element_size()
+    fwd_bytes = 4 * ld * 3 + 2 * bc * ln
+    bwd_bytes = 4 * ld * 5 + 2 * bc * ln + 2 * 4 * ln
+    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
+            "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9, "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
+            "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
 
 def crossovers(results: dict) -> dict:
@@ -137,6 +173,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--mixers", default=",".join(MIXERS))
     parser.add_argument("--max-seqlen", type=int, default=1 << 20)
     parser.add_argument("--max-seconds", type=float, default=20.0, help="stop a mixer once one call takes longer")
+    parser.add_argument("--scan-seqlens", default="65536,262144,1048576",
+                        help="GPU: also time the Mamba scan core alone at these N (d_inner 512 and 2048), "
+                             "in GB/s against a copy's; '' to skip")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
@@ -163,6 +202,18 @@ def main(argv: list[str]) -> int:
 
     from ..backends import use_backend
     backend = "torch" if args.cpu else "triton"
+    if not args.cpu and args.scan_seqlens:
+        copy = copy_bandwidth_gbps(device)
+        report["scan"] = {"copy_gbps": copy, "points": []}
+        for d_inner in (512, 2048):
+            for n in (int(x) for x in args.scan_seqlens.split(",")):
+                point = scan_bandwidth(n, d_inner, 16, device)
+                point.update(fwd_of_copy=point["fwd_gbps"] / copy, bwd_of_copy=point["bwd_gbps"] / copy)
+                report["scan"]["points"].append(point)
+                print(f"scan d_inner={d_inner} N={n:>9,}  fwd {point['fwd_ms']:.3f} ms {point['fwd_gbps']:.0f} GB/s "
+                      f"({point['fwd_of_copy']:.0%} of copy)  bwd {point['bwd_ms']:.3f} ms {point['bwd_gbps']:.0f} "
+                      f"GB/s ({point['bwd_of_copy']:.0%})", flush=True)
+                save()
     with use_backend(backend):
         for d_model in (int(d) for d in args.d_models.split(",")):
             for mixer in mixers:
