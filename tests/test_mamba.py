@@ -86,9 +86,13 @@ def test_scan_rule_can_fail(device, monkeypatch):
 
     monkeypatch.setattr(scan, "_scan_chunk_pass_kernel", NoCarry())
     torch.manual_seed(4)
-    inputs = scan_inputs(1, 100, 8, 4, torch.float32, device, features=False)
+    # Several chunks (and at most _ONE_LEVEL_CHUNKS, so the one-level walk runs): the compiled
+    # kernels' chunks are longer than the interpreter's.
+    seqlen = 6 * scan._blocks(8, 4, interpreted=device.type != "cuda")["CHUNK"] + 5
+    assert seqlen // scan._blocks(8, 4, interpreted=device.type != "cuda")["CHUNK"] <= scan._ONE_LEVEL_CHUNKS
+    inputs = scan_inputs(1, seqlen, 8, 4, torch.float32, device, features=False)
     with pytest.raises(AssertionError, match="out: error"):
-        assert_scan_within_rule(inputs, torch.randn(1, 100, 8, device=device))
+        assert_scan_within_rule(inputs, torch.randn(1, seqlen, 8, device=device))
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

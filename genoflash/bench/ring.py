@@ -347,7 +347,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench ring", description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--parts", default=",".join(PARTS), help="which parts, run in the order given")
     parser.add_argument("--nheads", type=int, default=8)
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--baseline", type=int, default=1 << 18, help="single-GPU kernel tokens")
@@ -390,7 +390,8 @@ def main(argv: list[str]) -> int:
             dist.init_process_group("nccl", device_id=_DEVICE)
     rank, world = dist.get_rank(), dist.get_world_size()
     report = {"nheads": args.nheads, "headdim": args.headdim, "dtype": "bfloat16", "batch": 1,
-              "host": _host_description(), "metadata": run_metadata(world_size=world)}
+              "host": _host_description(),
+              "metadata": run_metadata(world_size=world, **({"device": "cpu"} if args.cpu else {}))}
     stem = results_stem(args.out, report["metadata"], f"ring-x{world}{args.tag}") if rank == 0 else None
 
     def say(message: str) -> None:
@@ -412,36 +413,36 @@ def main(argv: list[str]) -> int:
         run_ring((16 if args.cpu else 8192) * world, causal, args.nheads, args.headdim, rows=8)
     say("compiled")
     try:
-        if "baseline" in parts:
-            report["baseline"] = run_baseline(args.baseline, args.nheads, args.headdim, args.reps)
-            say(f"baseline {json.dumps(report['baseline'])}")
-            save()
-        if "overlap" in parts:
-            report["overlap"] = []
-            for per_gpu in _ints(args.overlap):
-                for causal in (False, True):
-                    report["overlap"].append(run_overlap(per_gpu, causal, args.nheads, args.headdim, args.reps))
-                    say(f"overlap {json.dumps(report['overlap'][-1])}")
-                    save()
-        for part, sizes, which in (("weak", args.weak, args.causal),
-                                   ("strong", args.strong, args.strong_causal or args.causal)):
-            if part not in parts:
-                continue
-            report[part] = []
-            for n in _ints(sizes):
-                for causal in masks[which]:
-                    seqlen = n * world if part == "weak" else n
-                    record = run_ring(seqlen, causal, args.nheads, args.headdim, args.rows)
-                    base = (report.get("baseline") or {}).get("causal" if causal else "full")
-                    if base:
-                        record["efficiency_vs_one_gpu_kernel"] = (record["tflops_per_gpu_fwd_bwd"]
-                                                                  / base["tflops_fwd_bwd"])
-                    report[part].append(record)
-                    say(f"{part} {json.dumps(record)}")
-                    save()
-        if "train" in parts and args.train_context:
-            report["train"] = run_train_step(args.train_context, args.train_dim, args.train_depth, args.train_nheads)
-            say(f"train {json.dumps(report['train'])}")
+        for part in parts:  # in the order given, each saved as it finishes
+            if part == "baseline":
+                report["baseline"] = run_baseline(args.baseline, args.nheads, args.headdim, args.reps)
+                say(f"baseline {json.dumps(report['baseline'])}")
+            elif part == "overlap":
+                report["overlap"] = []
+                for per_gpu in _ints(args.overlap):
+                    for causal in (False, True):
+                        report["overlap"].append(run_overlap(per_gpu, causal, args.nheads, args.headdim, args.reps))
+                        say(f"overlap {json.dumps(report['overlap'][-1])}")
+                        save()
+            elif part in ("weak", "strong"):
+                sizes, which = (args.weak, args.causal) if part == "weak" else (args.strong,
+                                                                               args.strong_causal or args.causal)
+                report[part] = []
+                for n in _ints(sizes):
+                    for causal in masks[which]:
+                        seqlen = n * world if part == "weak" else n
+                        record = run_ring(seqlen, causal, args.nheads, args.headdim, args.rows)
+                        base = (report.get("baseline") or {}).get("causal" if causal else "full")
+                        if base:
+                            record["efficiency_vs_one_gpu_kernel"] = (record["tflops_per_gpu_fwd_bwd"]
+                                                                      / base["tflops_fwd_bwd"])
+                        report[part].append(record)
+                        say(f"{part} {json.dumps(record)}")
+                        save()
+            elif part == "train" and args.train_context:
+                report["train"] = run_train_step(args.train_context, args.train_dim, args.train_depth,
+                                                 args.train_nheads)
+                say(f"train {json.dumps(report['train'])}")
             save()
     finally:
         save()
