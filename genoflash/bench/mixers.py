@@ -114,6 +114,32 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, bc_dtype=torc
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
 
+def kernel_breakdown(mixer: str, d_model: int, seqlen: int, device, dtype, top: int = 12) -> dict:
+    """Where one layer's forward+backward spends its GPU time: torch.profiler's CUDA kernel
+    times for one call (after a warm-up call), largest first, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+    layer = build(mixer, d_model, seqlen, device, dtype)
+    x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def step():
+        torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        ms = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0)) / 1e3
+        if ms > 0:
+            rows.append({"kernel": event.key[:120], "calls": event.count, "ms": ms})
+    rows.sort(key=lambda r: -r["ms"])
+    return {"mixer": mixer, "d_model": d_model, "seqlen": seqlen,
+            "total_kernel_ms": sum(r["ms"] for r in rows), "top": rows[:top]}
+
+
 def crossovers(results: dict) -> dict:
     """Per d_model: the smallest N from which each other mixer beats attention (and stays
     ahead), and the time ratios attention / mixer at the longest N that every mixer ran."""
@@ -176,6 +202,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scan-seqlens", default="65536,262144,1048576",
                         help="GPU: also time the Mamba scan core alone at these N (d_inner 512 and 2048), "
                              "in GB/s against a copy's; '' to skip")
+    parser.add_argument("--profile-seqlen", type=int, default=0,
+                        help="GPU: also record each Hyena and Mamba layer's kernel times at this N (torch.profiler)")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
@@ -184,7 +212,7 @@ def main(argv: list[str]) -> int:
         return 2
     device = torch.device("cpu" if args.cpu else "cuda")
     dtype = torch.float32 if args.cpu else torch.bfloat16
-    mixers = [m.strip() for m in args.mixers.split(",")]
+    mixers = [m.strip() for m in args.mixers.split(",") if m.strip()]  # '' skips the sweep
     unknown = set(mixers) - set(MIXERS)
     if unknown:
         raise SystemExit(f"unknown mixer(s): {', '.join(sorted(unknown))}")
@@ -214,6 +242,17 @@ def main(argv: list[str]) -> int:
                       f"({point['fwd_of_copy']:.0%} of copy)  bwd {point['bwd_ms']:.3f} ms {point['bwd_gbps']:.0f} "
                       f"GB/s ({point['bwd_of_copy']:.0%})", flush=True)
                 save()
+    if not args.cpu and args.profile_seqlen:
+        report["kernel_breakdown"] = []
+        for mixer in ("hyena", "mamba"):
+            for d_model in (int(d) for d in args.d_models.split(",")):
+                with use_backend(backend):
+                    entry = kernel_breakdown(mixer, d_model, args.profile_seqlen, device, dtype)
+                report["kernel_breakdown"].append(entry)
+                print(f"{mixer} d={d_model} N={args.profile_seqlen:,}: {entry['total_kernel_ms']:.1f} ms in kernels; "
+                      + "; ".join(f"{r['kernel'][:60]} {r['ms']:.1f} ms x{r['calls']}" for r in entry["top"][:6]),
+                      flush=True)
+                save()
     with use_backend(backend):
         for d_model in (int(d) for d in args.d_models.split(",")):
             for mixer in mixers:
@@ -226,7 +265,8 @@ def main(argv: list[str]) -> int:
                     save()
                     if "ms" not in rec or rec["ms"] > 1e3 * args.max_seconds:
                         break
-    plot(report, Path(f"{stem}.png"))
+    if report["results"]:
+        plot(report, Path(f"{stem}.png"))
     print(json.dumps(report["crossovers"], indent=1), flush=True)
     print(f"wrote {stem}.json and .png", flush=True)
     return 0
