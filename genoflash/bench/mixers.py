@@ -125,14 +125,16 @@ def kernel_breakdown(mixer: str, d_model: int, seqlen: int, device, dtype, top: 
     def step():
         torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
 
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         step()
-        torch.cuda.synchronize()
+        sync()
     rows = []
     for event in prof.key_averages():
-        ms = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0)) / 1e3
+        ms = (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e3
         if ms > 0:
             rows.append({"kernel": event.key[:120], "calls": event.count, "ms": ms})
     rows.sort(key=lambda r: -r["ms"])
