@@ -133,6 +133,7 @@ def main(argv):
         A, B, C = -torch.rand(512, 16), torch.randn(1, 1000, 16), torch.randn(1, 1000, 16)
         y, h0, decay = scan.scan_forward(u, delta, A, B, C)
         scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay)
+        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False)
         for name, warps, stages, kernel in COMPILED:
             print(f"mamba {name:<32} warps {warps} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")
         return

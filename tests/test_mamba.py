@@ -40,11 +40,11 @@ def outputs_and_grads(fn, inputs, dy):
     return [out, *grads], ["out", *(f"d{k}" for k in tensors)]
 
 
-def assert_scan_within_rule(inputs, dy):
+def assert_scan_within_rule(inputs, dy, fn=selective_scan_fn):
     """genoflash's error vs fp64 <= 2 x the same-dtype sequential recurrence's + eps, for the
     output and the gradient of every tensor input."""
     with genoflash.use_backend("triton"):
-        got, names = outputs_and_grads(selective_scan_fn, inputs, dy)
+        got, names = outputs_and_grads(fn, inputs, dy)
     same, _ = outputs_and_grads(selective_scan_reference, inputs, dy)
     as64 = {k: (v.detach().double().requires_grad_() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
     truth, _ = outputs_and_grads(selective_scan_reference, as64, dy.double())
@@ -63,6 +63,36 @@ def test_scan_matches_the_recurrence(batch, seqlen, dim, dstate, dtype, device):
     torch.manual_seed(seqlen + dim)
     inputs = scan_inputs(batch, seqlen, dim, dstate, dtype, device)
     assert_scan_within_rule(inputs, torch.randn(batch, seqlen, dim, device=device, dtype=dtype))
+
+
+def atomic(**kwargs):
+    return selective_scan_fn(**kwargs, deterministic=False)
+
+
+def test_atomic_backward_is_within_the_rule(device):
+    """deterministic=False: dB and dC summed by atomics over several channel blocks (3 in the
+    interpreter, the last partial; 5 on the GPU), two chunks or more."""
+    torch.manual_seed(11)
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float16
+    inputs = scan_inputs(2, 37, 20, 5, dtype, device)
+    dy = torch.randn(2, 37, 20, device=device, dtype=dtype)
+    with genoflash.use_backend("triton"):
+        fast, names = outputs_and_grads(atomic, inputs, dy)
+        exact, _ = outputs_and_grads(selective_scan_fn, inputs, dy)
+    for name, f, e in zip(names, fast, exact):  # the same sums in another order
+        torch.testing.assert_close(f.float(), e.float(), rtol=2e-2, atol=2e-2, msg=name)
+    assert_scan_within_rule(inputs, dy, fn=atomic)
+
+
+def test_deterministic_backward_repeats_bit_for_bit(device):
+    torch.manual_seed(12)
+    inputs = scan_inputs(1, 40, 20, 5, torch.float32, device)
+    dy = torch.randn(1, 40, 20, device=device)
+    with genoflash.use_backend("triton"):
+        first, names = outputs_and_grads(selective_scan_fn, inputs, dy)
+        second, _ = outputs_and_grads(selective_scan_fn, inputs, dy)
+    for name, a, b in zip(names, first, second):
+        assert torch.equal(a, b), name
 
 
 def test_scan_over_many_chunks_without_extras(device):

@@ -95,7 +95,8 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, bc_dtype=torc
     dtypes the Mamba layer hands it (u, delta float32; B, C bf16). GB/s count the bytes the core
     must move: forward reads u, delta, B, C and writes y; backward reads dy, u, delta, B, C and
     writes du, ddelta, dB, dC (float32). The kernels' real traffic is larger (they read u and
-    delta twice, and pass chunk states through HBM)."""
+    delta twice, and pass chunk states through HBM). The backward is timed both ways:
+    deterministic (the default) and with atomic dB/dC (`deterministic=False`)."""
     from ..ops.mamba.scan import scan_backward, scan_forward
     gen = torch.Generator(device=device).manual_seed(0)
     u = torch.randn(1, seqlen, d_inner, device=device, generator=gen)
@@ -106,11 +107,13 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, bc_dtype=torc
     dy = torch.randn_like(y)
     fwd_ms = _time(lambda: scan_forward(u, delta, A, B, C), device)
     bwd_ms = _time(lambda: scan_backward(dy, u, delta, A, B, C, h0, decay), device)
+    bwd_atomic_ms = _time(lambda: scan_backward(dy, u, delta, A, B, C, h0, decay, deterministic=False), device)
     ld, ln, bc = seqlen * d_inner, seqlen * dstate, B.element_size()
     fwd_bytes = 4 * ld * 3 + 2 * bc * ln
     bwd_bytes = 4 * ld * 5 + 2 * bc * ln + 2 * 4 * ln
     return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
             "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9, "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
+            "bwd_atomic_ms": bwd_atomic_ms, "bwd_atomic_gbps": bwd_bytes / (bwd_atomic_ms * 1e-3) / 1e9,
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
 
@@ -242,7 +245,7 @@ def main(argv: list[str]) -> int:
                 report["scan"]["points"].append(point)
                 print(f"scan d_inner={d_inner} N={n:>9,}  fwd {point['fwd_ms']:.3f} ms {point['fwd_gbps']:.0f} GB/s "
                       f"({point['fwd_of_copy']:.0%} of copy)  bwd {point['bwd_ms']:.3f} ms {point['bwd_gbps']:.0f} "
-                      f"GB/s ({point['bwd_of_copy']:.0%})", flush=True)
+                      f"GB/s ({point['bwd_of_copy']:.0%}); atomic bwd {point['bwd_atomic_ms']:.3f} ms", flush=True)
                 save()
     if not args.cpu and args.profile_seqlen:
         report["kernel_breakdown"] = []

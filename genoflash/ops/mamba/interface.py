@@ -21,20 +21,20 @@ class SelectiveScanCore(torch.autograd.Function):
     kernels; y in float32."""
 
     @staticmethod
-    def forward(ctx, u, delta, A, B, C):
+    def forward(ctx, u, delta, A, B, C, deterministic=True):
         from .scan import scan_forward
         interpreted = triton_interpreted()
         y, h0, decay = scan_forward(u, delta, A, B, C, interpreted)
         ctx.save_for_backward(u, delta, A, B, C, h0, decay)
-        ctx.interpreted = interpreted
+        ctx.interpreted, ctx.deterministic = interpreted, deterministic
         return y
 
     @staticmethod
     def backward(ctx, dy):
         from .scan import scan_backward
         u, delta, A, B, C, h0, decay = ctx.saved_tensors
-        du, ddelta, dA, dB, dC = scan_backward(dy, u, delta, A, B, C, h0, decay, ctx.interpreted)
-        return du.to(u.dtype), ddelta.to(delta.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype)
+        du, ddelta, dA, dB, dC = scan_backward(dy, u, delta, A, B, C, h0, decay, ctx.interpreted, ctx.deterministic)
+        return du.to(u.dtype), ddelta.to(delta.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype), None
 
 
 def _check(u, delta, A, B, C, D, z, delta_bias) -> None:
@@ -66,11 +66,13 @@ def _check(u, delta, A, B, C, D, z, delta_bias) -> None:
         raise TypeError("all tensors must be floating point")
 
 
-def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                      deterministic=True):
     """Mamba-1's selective scan (reference.py states the recurrence). Returns (batch, seqlen, dim).
 
     u, delta, z: (batch, seqlen, dim); A: (dim, dstate), negative; B, C: (batch, seqlen, dstate);
-    D, delta_bias: (dim,). Differentiable in every tensor argument."""
+    D, delta_bias: (dim,). Differentiable in every tensor argument. `deterministic=False` lets
+    the triton backward sum dB and dC with atomics (less memory, order-dependent rounding)."""
     _check(u, delta, A, B, C, D, z, delta_bias)
     backend = select_backend(u.device)
     if backend != "triton":
@@ -87,7 +89,7 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     # and the output is rounded once at the end.
     u32 = u.float()  # one cast, so both uses' gradients add in float32 before it rounds them
     y = SelectiveScanCore.apply(u32.contiguous(), dt.contiguous(), A.float().contiguous(), B.contiguous(),
-                                C.contiguous())
+                                C.contiguous(), deterministic)
     if D is not None:
         y = y + u32 * D.float()
     if z is not None:

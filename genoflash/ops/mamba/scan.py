@@ -24,7 +24,8 @@ without a shifted copy:
     ddelta[t, d] = sum_n A g (h - b) + u[t, d] sum_n g B[t, n]
     dA[d, n]    = sum_t delta g (h - b)        dB[t, n] = sum_d g delta u      dC[t, n] = sum_d dy h
 dB and dC sum over channels, which other programs own: each channel block writes its partial
-sums and PyTorch adds them (no atomics, so the backward is deterministic).
+sums and PyTorch adds them (no atomics, so the backward is deterministic); with
+deterministic=False they are added atomically instead, from narrower channel blocks.
 """
 
 from __future__ import annotations
@@ -252,10 +253,13 @@ def _scan_chunk_grads_kernel(U, DELTA, A, B, C, DY, H, X, DU, DDELTA, DA_PART, D
                              stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
                              stride_yb, stride_yl, stride_yd, stride_sb, stride_sc, stride_sd,
                              stride_pk, stride_pb, stride_pl,
-                             CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                             CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                             ATOMIC: tl.constexpr):
     """Backward pass 3: with h (forward rescan from H_c) and g (reverse rescan with X_c) of
     one chunk in registers, every gradient term (module docstring). du and ddelta go out in
-    float32 (B, L, D); dA, dB and dC as partial sums."""
+    float32 (B, L, D); dA as per-chunk partial sums; dB and dC as per-channel-block partial
+    sums, or (ATOMIC) added straight into one (B, L, N) float32 buffer: no partials, but the
+    order of the additions varies from run to run."""
     off_b, pid_d, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     d0 = pid_d * BLOCK_D
     t0 = chunk * CHUNK
@@ -290,10 +294,19 @@ def _scan_chunk_grads_kernel(U, DELTA, A, B, C, DY, H, X, DU, DDELTA, DA_PART, D
                              BLOCK_N)
     tl.store(ptrs, tl.sum(g_hb * delta[:, :, None], 0), mask=mask)
     tn_mask = row_mask[:, None] & (offs_n[None, :] < dstate)
-    part = pid_d.to(tl.int64) * stride_pk + off_b.to(tl.int64) * stride_pb + t0.to(tl.int64) * stride_pl
+    if ATOMIC:
+        part = off_b.to(tl.int64) * stride_pb + t0.to(tl.int64) * stride_pl
+    else:
+        part = pid_d.to(tl.int64) * stride_pk + off_b.to(tl.int64) * stride_pb + t0.to(tl.int64) * stride_pl
     tn = offs_t[:, None] * stride_pl + offs_n[None, :]
-    tl.store(DB_PART + part + tn, tl.sum(g * (delta * u)[:, :, None], 1), mask=tn_mask)
-    tl.store(DC_PART + part + tn, tl.sum(dy[:, :, None] * h, 1), mask=tn_mask)
+    db = tl.sum(g * (delta * u)[:, :, None], 1)
+    dc = tl.sum(dy[:, :, None] * h, 1)
+    if ATOMIC:
+        tl.atomic_add(DB_PART + part + tn, db, mask=tn_mask, sem="relaxed")
+        tl.atomic_add(DC_PART + part + tn, dc, mask=tn_mask, sem="relaxed")
+    else:
+        tl.store(DB_PART + part + tn, db, mask=tn_mask)
+        tl.store(DC_PART + part + tn, dc, mask=tn_mask)
 
 
 # ---------------------------------------------------------------- launchers
@@ -306,6 +319,17 @@ def _blocks(dim: int, dstate: int, interpreted: bool) -> dict:
     chunk = 16 if interpreted else max(8, 8192 // (block_d * block_n))
     # 8 warps: 256 threads share each 8192-element tile (4 warps made the gradient pass spill).
     return dict(CHUNK=chunk, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=8)
+
+
+def _grads_blocks(dim: int, dstate: int, interpreted: bool, deterministic: bool) -> dict:
+    """The gradient pass's tile. Deterministic: the forward's (each channel block writes its own
+    dB/dC partials, so fewer, wider blocks keep those small), at 255 registers, one 8-warp
+    program per SM. Not deterministic: a quarter of the channels, 108 registers, two programs
+    per SM (offline_compile.py mamba), dB/dC added atomically with no partials."""
+    cfg = _blocks(dim, dstate, interpreted)
+    if not deterministic and not interpreted:
+        cfg["BLOCK_D"] = max(1, cfg["BLOCK_D"] // 4)
+    return cfg
 
 
 def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
@@ -359,8 +383,9 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False):
     return y, h0, decay
 
 
-def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False):
-    """(du, ddelta, dA, dB, dC) of the core, given dL/dy."""
+def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False, deterministic: bool = True):
+    """(du, ddelta, dA, dB, dC) of the core, given dL/dy. `deterministic=False` sums dB and dC
+    with atomics (see _grads_blocks)."""
     batch, seqlen, dim = u.shape
     dstate = A.shape[1]
     cfg = _blocks(dim, dstate, interpreted)
@@ -376,9 +401,13 @@ def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False):
     du = torch.empty(u.shape, device=u.device, dtype=torch.float32)  # u is contiguous (interface.py)
     ddelta = torch.empty_like(du)
     da_part = torch.empty_like(h0)
-    db_part = torch.empty(grid[1], batch, seqlen, dstate, device=u.device, dtype=torch.float32)
-    dc_part = torch.empty_like(db_part)
+    cfg = _grads_blocks(dim, dstate, interpreted, deterministic)
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    parts = 1 if not deterministic else grid[1]
+    db_part = (torch.zeros if not deterministic else torch.empty)(parts, batch, seqlen, dstate, device=u.device,
+                                                                   dtype=torch.float32)
+    dc_part = (torch.zeros if not deterministic else torch.empty)(db_part.shape, device=u.device, dtype=torch.float32)
     _scan_chunk_grads_kernel[grid](u, delta, A, B, C, dy, h0, carried, du, ddelta, da_part, db_part, dc_part, *common,
                                    *_strides3(C), *_strides3(dy), *s_strides, db_part.stride(0), db_part.stride(1),
-                                   db_part.stride(2), **cfg)
+                                   db_part.stride(2), ATOMIC=not deterministic, **cfg)
     return du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0)
