@@ -43,7 +43,7 @@ from .. import flash_attn_func
 from ..distributed import enable_context_parallel, ring_flash_attn_func, shard_positions, shard_sequence
 from ..distributed import ring as ring_module
 from .records import results_stem, run_metadata
-from .scale import sampled_rows_attention
+from .scale import _rel, sampled_rows_attention
 
 PARTS = ("baseline", "overlap", "weak", "strong", "train")
 _DEVICE = torch.device("cuda")  # main() switches to the CPU for --cpu (gloo; tests)
@@ -78,10 +78,6 @@ def _slowest(value: float) -> float:
 
 def _largest_peak() -> float | None:
     return _slowest(torch.cuda.max_memory_allocated() / 2**30) if _DEVICE.type == "cuda" else None
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
 class _SilentRing(ring_module._Ring):
