@@ -1,5 +1,6 @@
 """The `genoflash` command line.
 
+    genoflash demo               full vs local attention on a long-range DNA task: who sees the far motif?
     genoflash example            attention over a DNA-length sequence: genoflash vs standard attention
     genoflash train              train a DNA model (synthetic long-range task or LM on a FASTA), flags or --config YAML
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
@@ -45,12 +46,17 @@ def _scale(argv):
     return main(argv)
 
 
+def _demo(argv):
+    from .train.demo import main
+    return main(argv)
+
+
 def _train(argv):
     from .train.trainer import main
     return main(argv)
 
 
-COMMANDS = {"example": _example, "bench": _bench, "scale": _scale, "train": _train}
+COMMANDS = {"demo": _demo, "example": _example, "bench": _bench, "scale": _scale, "train": _train}
 
 
 def main(argv=None) -> int:

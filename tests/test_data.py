@@ -557,6 +557,44 @@ def test_synthetic_rejects_impossible_geometry():
         SyntheticLongRangeDataset(1, 1_000, 1_000)
     with pytest.raises(ValueError, match="overlap"):
         SyntheticLongRangeDataset(1, 1_000, 8)
+    with pytest.raises(ValueError, match="overlap"):  # 4 sites x (16 + 4) = 80 bases > distance 70
+        SyntheticLongRangeDataset(1, 1_000, 70, sites=4, spacer=4)
+    with pytest.raises(ValueError, match="too short"):  # 300 + 80 + 2 * 64 > 500
+        SyntheticLongRangeDataset(1, 500, 300, sites=4, spacer=4)
+    for bad in (dict(sites=0), dict(spacer=-1), dict(sites=2.0), dict(margin=-3)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SyntheticLongRangeDataset(1, 5_000, 1_000, **bad)
+
+
+@pytest.mark.parametrize("sites, spacer", [(1, 0), (4, 0), (5, 3)])
+def test_synthetic_elements_are_site_clusters_at_the_asked_distance(sites, spacer):
+    # Every copy sits inside its own slot of motif_length + spacer bases, all of the
+    # element's family; the promoter element starts `distance` after the enhancer element.
+    dataset = SyntheticLongRangeDataset(40, 900, 400, seed=3, sites=sites, spacer=spacer, margin=16)
+    slot = 16 + spacer
+    assert dataset.element_length == sites * slot and dataset.gap == 400 - sites * slot
+    offsets = set()
+    for i in range(len(dataset)):
+        sample = dataset.sample(i)
+        enhancers, promoters = find_families(decode(sample.tokens), dataset.grammar)
+        for found, start, family in ((enhancers, sample.enhancer_start, sample.enhancer_family),
+                                     (promoters, sample.promoter_start, sample.promoter_family)):
+            inside = sorted(pos for fam, pos in found if start <= pos < start + dataset.element_length)
+            assert len(inside) == sites  # one copy per slot (a background copy would be 1e-7 likely)
+            assert {fam for fam, pos in found if pos in inside} == {family}
+            for k, pos in enumerate(inside):
+                assert start + k * slot <= pos <= start + k * slot + spacer
+                offsets.add(pos - start - k * slot)
+        assert sample.promoter_start - sample.enhancer_start == 400
+        assert 16 <= sample.enhancer_start and sample.promoter_start + dataset.element_length <= 900 - 16
+    assert offsets == set(range(spacer + 1))  # every offset in the slot is used
+
+
+def test_one_site_without_spacer_keeps_the_bare_motif_samples():
+    # The cluster option must not change the default task's samples (seeded runs stay reproducible).
+    bare = SyntheticLongRangeDataset(5, 2_000, 1_000, seed=4)
+    explicit = SyntheticLongRangeDataset(5, 2_000, 1_000, seed=4, sites=1, spacer=0)
+    assert all(torch.equal(bare[i][0], explicit[i][0]) for i in range(5))
 
 
 def test_markov_background_fitted_on_the_chloroplast_keeps_its_gc(chloroplast_text, index_dir):

@@ -57,12 +57,39 @@ def test_auroc_hand_computed():
 
 
 def test_demo_quick_writes_outputs(tmp_path, capsys):
-    assert demo.main(["--quick", "--device", "cpu", "--no-progress", "--out-dir", str(tmp_path)]) == 0
+    from genoflash.cli import main as cli_main
+    assert cli_main(["demo", "--quick", "--device", "cpu", "--no-progress", "--out-dir", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {"full attention", "local attention"} <= set(summary)
     assert 0 <= summary["full attention"]["accuracy"] <= 1
+    assert summary["config"]["sites"] == demo.QUICK["sites"]
     assert (tmp_path / "accuracy.png").stat().st_size > 0
     assert "local attention" in capsys.readouterr().out
+
+
+def test_demo_refuses_a_local_model_that_could_see_both_elements():
+    # QUICK: gap 96 - 2 * 16 = 64 bases; window 25 gives reach 7 + 2 * 25 = 57, 2 * 57 >= 64.
+    with pytest.raises(ValueError, match="could see both elements"):
+        demo.configs(demo.build_parser().parse_args(["--quick", "--device", "cpu", "--window-size", "25"]))
+    runs = demo.configs(demo.build_parser().parse_args(["--quick", "--device", "cpu", "--window-size", "12"]))
+    assert [c.layer_pattern for c in runs.values()] == ["G", "L"]
+
+
+def test_demo_defaults_keep_the_local_model_blind():
+    for sizes in (demo.CPU_DEFAULTS, demo.GPU_DEFAULTS, demo.QUICK):
+        gap = sizes["distance"] - sizes["sites"] * (16 + sizes["spacer"])
+        assert 2 * demo.local_reach(2, sizes["window_size"]) < gap
+        assert sizes["seq_len"] >= sizes["distance"] + sizes["sites"] * (16 + sizes["spacer"]) + 2 * sizes["margin"]
+
+
+@pytest.mark.slow
+def test_demo_full_attention_beats_local_at_cpu_size(tmp_path):
+    # The demo's claim at its real CPU size: the global model learns the long-range rule, the
+    # local one cannot. About 3 minutes on 2 cores.
+    assert demo.main(["--device", "cpu", "--no-progress", "--out-dir", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["full attention"]["accuracy"] >= 0.9
+    assert summary["local attention"]["accuracy"] <= 0.62
 
 
 class FlakyDataset(SyntheticLongRangeDataset):

@@ -1,7 +1,10 @@
 """A synthetic long-range grammar task: genoflash's demo data.
 
-Each sequence holds an "enhancer" motif and, ``distance`` bases downstream, a "promoter"
-motif, in background DNA. There are ``n_families`` enhancer and promoter motif families;
+Each sequence holds an "enhancer" element and, ``distance`` bases downstream, a "promoter"
+element, in background DNA. An element is a homotypic cluster: ``sites`` copies of its
+family's motif (a transcription-factor binding site), each at a random offset inside its own
+slot of ``motif_length + spacer`` bases, as real enhancers hold several sites of one factor.
+``sites=1, spacer=0`` plants one bare motif. There are ``n_families`` enhancer and promoter motif families;
 a fixed, seeded pairing makes each enhancer family compatible with exactly one promoter
 family. The label is 1 when the planted pair is compatible and 0 when it is not.
 
@@ -18,6 +21,15 @@ background by chance (about ``length * 2 * n_families / 4**motif_length`` per se
 2e-4 at 100 kb with the defaults, more with an AT- or GC-rich Markov background).
 Difficulty grows with ``distance`` and ``length`` (the motifs are a smaller part of a
 longer sequence) and with ``n_families`` (more pairs to learn).
+
+How large the elements must be for gradient descent to find the rule. The label is an
+interaction of two positions, which a model from a random start can only pick up from the
+pairwise products of its features: E family-carrying positions against P give E * P signal
+terms among length**2 pairs of background noise. Measured with genoflash's 2-layer
+classifier at length 256 (mean pool, 500 steps of 16): 16- and 32-base elements stayed at
+chance, a 64-base element reached 100% held-out accuracy by step 200 (and at length 64 a
+16-base one did). So elements of about ``4 * sqrt(length)`` bases learn within a few hundred
+steps: 64 at 256, ~700 at 32 kb. That is why the demo plants clusters of sites.
 
 Reproducible: sample ``i`` is a pure function of ``(seed, i)``, and the motifs and
 pairing come from the grammar, shared by datasets with different seeds (train/valid/test).
@@ -156,7 +168,7 @@ class MarkovBackground:
 
 @dataclass(frozen=True)
 class SyntheticSample:
-    """One sequence of the task and what was planted in it (0-based starts)."""
+    """One sequence of the task and what was planted in it (0-based starts of the two elements)."""
 
     tokens: torch.Tensor
     label: int
@@ -178,21 +190,30 @@ class SyntheticLongRangeDataset(Dataset):
         seed: which sequences; datasets with different seeds share the grammar.
         background: ``"uniform"`` (i.i.d. bases) or a fitted ``MarkovBackground``.
         grammar: motif families and pairing; default ``MotifGrammar.random()``.
-        margin: bases kept free of motifs at each end. The motif pair's position is
+        margin: bases kept free of motifs at each end. The element pair's position is
             uniform over all placements inside the margins (it jitters per sample).
+        sites: motif copies per element (a homotypic cluster).
+        spacer: extra bases per site's slot; each copy sits at a uniform offset 0..spacer in
+            its slot, background around it. An element spans ``sites * (motif_length + spacer)``
+            bases (``element_length``).
     """
 
     def __init__(self, n: int, length: int, distance: int, seed: int = 0,
                  background: str | MarkovBackground = "uniform", grammar: MotifGrammar | None = None,
-                 margin: int = 64):
+                 margin: int = 64, sites: int = 1, spacer: int = 0):
         self.grammar = grammar if grammar is not None else MotifGrammar.random()
-        motif = self.grammar.motif_length
-        if distance < motif:
-            raise ValueError(f"distance {distance} is shorter than a motif ({motif}): "
-                             "the motifs would overlap")
-        if length < distance + motif + 2 * margin:
-            raise ValueError(f"length {length} is too short: need distance + motif_length + 2 * margin "
-                             f"= {distance + motif + 2 * margin}")
+        for name, value, low in (("sites", sites, 1), ("spacer", spacer, 0), ("margin", margin, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.sites, self.spacer = sites, spacer
+        element = self.element_length
+        if distance < element:
+            raise ValueError(f"distance {distance} is shorter than an element ({element} bases: "
+                             f"{sites} sites x (motif {self.grammar.motif_length} + spacer {spacer})): "
+                             "the elements would overlap")
+        if length < distance + element + 2 * margin:
+            raise ValueError(f"length {length} is too short: need distance + element_length + 2 * margin "
+                             f"= {distance + element + 2 * margin}")
         if not (background == "uniform" or isinstance(background, MarkovBackground)):
             raise ValueError(f"background must be 'uniform' or a MarkovBackground, got {background!r}")
         self.n, self.length, self.distance, self.seed = n, length, distance, seed
@@ -200,6 +221,17 @@ class SyntheticLongRangeDataset(Dataset):
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def element_length(self) -> int:
+        """Bases an enhancer or promoter element spans: sites * (motif_length + spacer)."""
+        return self.sites * (self.grammar.motif_length + self.spacer)
+
+    @property
+    def gap(self) -> int:
+        """Bases between the end of the enhancer element and the start of the promoter element:
+        a model must relate positions at least this far apart to see both."""
+        return self.distance - self.element_length
 
     def sample(self, index: int) -> SyntheticSample:
         """Sample ``index`` with its planted families and positions."""
@@ -213,15 +245,21 @@ class SyntheticLongRangeDataset(Dataset):
         enhancer = int(rng.integers(g.n_families))
         offset = 0 if label else int(rng.integers(1, g.n_families))  # any family but the partner
         promoter = int((g.partner[enhancer] + offset) % g.n_families)
-        slack = self.length - 2 * self.margin - self.distance - g.motif_length
+        slack = self.length - 2 * self.margin - self.distance - self.element_length
         enhancer_start = self.margin + int(rng.integers(slack + 1))
         promoter_start = enhancer_start + self.distance
         if self.background == "uniform":
             codes = rng.integers(0, 4, self.length, dtype=np.uint8)
         else:
             codes = self.background.sample(self.length, rng)
-        codes[enhancer_start:enhancer_start + g.motif_length] = g.enhancers[enhancer]
-        codes[promoter_start:promoter_start + g.motif_length] = g.promoters[promoter]
+        slot = g.motif_length + self.spacer
+        # Drawn after the background, so sites=1, spacer=0 reproduces the bare-motif samples.
+        offsets = rng.integers(0, self.spacer + 1, (2, self.sites)) if self.spacer else np.zeros((2, self.sites), int)
+        for start, motif, jitter in ((enhancer_start, g.enhancers[enhancer], offsets[0]),
+                                     (promoter_start, g.promoters[promoter], offsets[1])):
+            for site in range(self.sites):
+                at = start + site * slot + int(jitter[site])
+                codes[at:at + g.motif_length] = motif
         tokens = torch.from_numpy(codes.astype(np.int64) + A_ID)
         return SyntheticSample(tokens, label, enhancer, promoter, enhancer_start, promoter_start)
 

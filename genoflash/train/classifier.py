@@ -33,6 +33,11 @@ class SequenceClassifier(nn.Module):
         self.config = dataclasses.replace(config, causal=False)
         self.trunk = DNALM(self.config)
         del self.trunk.lm_head  # the trunk's LM head is unused here (tied: no extra weights)
+        # N(0, 1) embeddings, not the LM's N(0, 0.02): untied from any head, they need not be
+        # small, and the local stem's features of a motif are then O(1) from the first step.
+        # On the long-range task (where the label is an interaction of two far positions) the
+        # small init left probes at chance where this one learned (at length 64, 600 steps).
+        nn.init.normal_(self.trunk.embed.weight)
         # Single-nucleotide tokens carry no k-mer context; a short convolution gives each
         # position its neighbourhood, so attention can match motifs instead of spending its
         # first layers spelling them. It is local (stem_kernel bases), so long-range

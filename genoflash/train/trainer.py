@@ -72,8 +72,13 @@ class TrainConfig:
     layer_pattern: str = _option("G", "L (local) / G (global) letters, repeated to depth")
     window_size: int = _option(128, "how far a local (L) layer sees, in tokens")
     seq_len: int = _option(512, "tokens per sequence")
-    distance: int = _option(256, "synthetic: bases between the enhancer and promoter motifs")
+    distance: int = _option(256, "synthetic: bases from the enhancer element's start to the promoter's")
     n_families: int = _option(2, "synthetic: motif families")
+    motif_length: int = _option(16, "synthetic: bases per motif (binding site)")
+    sites: int = _option(1, "synthetic: motif copies per element (homotypic cluster; ~4 sqrt(seq_len) "
+                            "motif bases per element learn within a few hundred steps)")
+    spacer: int = _option(0, "synthetic: extra bases per site's slot (each copy jitters within it)")
+    margin: int = _option(64, "synthetic: bases kept free of elements at each end")
     steps: int = _option(300, "optimizer steps")
     batch_size: int = _option(16, "sequences per step")
     lr: float = _option(3e-3, "peak learning rate")
@@ -233,10 +238,11 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     """(train, held-out) datasets, both lazy: the train stream has steps * batch_size items."""
     n_train = cfg.steps * cfg.batch_size
     if cfg.task == "synthetic":
-        grammar = MotifGrammar.random(n_families=cfg.n_families, seed=cfg.seed)
-        train = SyntheticLongRangeDataset(n_train, cfg.seq_len, cfg.distance, seed=cfg.seed, grammar=grammar)
+        grammar = MotifGrammar.random(n_families=cfg.n_families, motif_length=cfg.motif_length, seed=cfg.seed)
+        shape = dict(grammar=grammar, margin=cfg.margin, sites=cfg.sites, spacer=cfg.spacer)
+        train = SyntheticLongRangeDataset(n_train, cfg.seq_len, cfg.distance, seed=cfg.seed, **shape)
         held_out = SyntheticLongRangeDataset(cfg.eval_samples, cfg.seq_len, cfg.distance,
-                                             seed=cfg.seed + 1_000_003, grammar=grammar)
+                                             seed=cfg.seed + 1_000_003, **shape)
         return train, held_out
     train = GenomeWindowDataset(cfg.fasta, cfg.seq_len, n_train, seed=cfg.seed, objective="clm")
     held_out = GenomeWindowDataset(cfg.fasta, cfg.seq_len, cfg.eval_samples, seed=cfg.seed + 1_000_003,
