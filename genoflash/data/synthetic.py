@@ -166,6 +166,11 @@ class MarkovBackground:
         return np.cumsum(self.transitions, axis=1).tolist()
 
 
+def element_length(sites: int, motif_length: int, spacer: int) -> int:
+    """Bases a cluster of ``sites`` motif copies spans, each in a slot of motif_length + spacer."""
+    return sites * (motif_length + spacer)
+
+
 @dataclass(frozen=True)
 class SyntheticSample:
     """One sequence of the task and what was planted in it (0-based starts of the two elements)."""
@@ -225,7 +230,7 @@ class SyntheticLongRangeDataset(Dataset):
     @property
     def element_length(self) -> int:
         """Bases an enhancer or promoter element spans: sites * (motif_length + spacer)."""
-        return self.sites * (self.grammar.motif_length + self.spacer)
+        return element_length(self.sites, self.grammar.motif_length, self.spacer)
 
     @property
     def gap(self) -> int:

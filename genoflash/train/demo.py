@@ -26,6 +26,7 @@ import logging
 import pathlib
 import time
 
+from ..data.synthetic import element_length
 from .trainer import TrainConfig, resolve_device, train
 
 # Sizes per device. Elements are `sites` x 16-base motifs; local reach (see `local_reach`) must
@@ -73,7 +74,7 @@ def configs(args: argparse.Namespace) -> dict[str, TrainConfig]:
                        eval_every=max(1, sizes["steps"] // 5), checkpoint_every=sizes["steps"], **sizes)
     # Both elements must be separable by more than the local model can span: a position whose
     # view reached into both could compute the label, and the comparison would be meaningless.
-    gap = base.distance - base.sites * (base.motif_length + base.spacer)
+    gap = base.distance - element_length(base.sites, base.motif_length, base.spacer)
     reach = local_reach(base.depth, base.window_size)
     if 2 * reach >= gap:
         raise ValueError(f"the local model could see both elements: its reach of {reach} bases each side "
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(runs.values()))
-    element = first.sites * (first.motif_length + first.spacer)
+    element = element_length(first.sites, first.motif_length, first.spacer)
     print(f"long-range task: {first.seq_len} bp; enhancer and promoter elements ({first.sites} sites, "
           f"{element} bp each) {first.distance} bp apart; local model's window {first.window_size} "
           f"(reach {local_reach(first.depth, first.window_size)} bp each side); "
