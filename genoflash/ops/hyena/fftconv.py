@@ -41,6 +41,8 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .staging import Staging, load_rows, write_window
+
 # The automatic channel group holds about this many bytes of one spectrum: large enough that
 # the FFT calls stay batched over many channels, small next to the activations at 1M tokens.
 GROUP_SPECTRUM_BYTES = 256 * 2**20
@@ -99,42 +101,28 @@ class PaddedRows:
     columns < length, and nothing else writes the buffer (the forward FFT reads its input and
     leaves it intact), so every group after the first finds its zero padding already in place."""
 
-    def __init__(self, lead: tuple[int, ...], chunk: int, length: int, n: int, dtype: torch.dtype, device):
+    def __init__(self, lead: tuple[int, ...], chunk: int, length: int, n: int, dtype: torch.dtype, device,
+                 how: Staging):
         self.buf = torch.empty(*lead, chunk, n, dtype=dtype, device=device)
         self.buf[..., length:].zero_()
-        self.length = length
+        self.length, self.how = length, how
 
-    def load(self, src: torch.Tensor) -> torch.Tensor:
+    def load(self, src: torch.Tensor, reverse: bool = False) -> torch.Tensor:
         """src (..., group, length) in any dtype and strides -> its zero-padded rows, (..., group, n),
-        in one cast-and-copy."""
+        in one cast-and-copy; reversed along length if asked."""
         rows = self.buf[..., : src.shape[-2], :]
-        rows[..., : self.length].copy_(src)
+        load_rows(rows[..., : self.length], src, reverse, self.how)
         return rows
 
-
-def _circular_pieces(start: int, length: int, n: int) -> list[tuple[slice, slice]]:
-    """[(dst, src)]: reading corr[..., src] into out[..., dst] gives out[k] = corr[(start + k) mod n]
-    for k in [0, length), with 0 <= length <= n. One piece unless the window wraps, then two: the
-    wrap is read as two slices, never through a rolled copy of corr."""
-    start %= n
-    first = min(length, n - start)
-    pieces = [(slice(0, first), slice(start, start + first))]
-    if first < length:
-        pieces.append((slice(first, length), slice(0, length - first)))
-    return pieces
+    def load_and_dot(self, src: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`load(src)`, and the row sums of src * other in the compute dtype, (..., group), from the same read."""
+        rows = self.buf[..., : src.shape[-2], :]
+        return rows, load_rows(rows[..., : self.length], src, False, self.how, dot_with=other)
 
 
-def _write_window(out: torch.Tensor, corr: torch.Tensor, start: int, D_g: torch.Tensor | None,
-                  skip: torch.Tensor | None) -> None:
-    """out[..., k] = corr[..., (start + k) mod n] (+ D_g[c] * skip[..., c, k]), cast to out's dtype.
-
-    One pass per piece: `addcmul` reads corr's window and skip in place and writes out directly, so
-    neither the slice, the skip term nor the cast makes an intermediate tensor."""
-    for dst, src in _circular_pieces(start, out.shape[-1], corr.shape[-1]):
-        if D_g is None:
-            out[..., dst].copy_(corr[..., src])
-        else:
-            torch.addcmul(corr[..., src], D_g[:, None], skip[..., dst], out=out[..., dst])
+def _inverse(spectrum: torch.Tensor, n: int, how: Staging) -> torch.Tensor:
+    """irfft, left unnormalised when `write_window` applies the 1 / n itself (fused)."""
+    return torch.fft.irfft(spectrum, n=n, norm="forward" if how.fused else "backward")
 
 
 def _batch_sum(spectrum: torch.Tensor) -> torch.Tensor:
@@ -159,37 +147,45 @@ def _empty_activation(like: torch.Tensor, channels_last: bool) -> torch.Tensor:
 
 
 def fftconv_forward(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, geo: ConvGeometry,
-                    chunk: int, channels_last: bool) -> torch.Tensor:
+                    chunk: int, channels_last: bool, how: Staging) -> torch.Tensor:
     """y in x's layout and dtype, computed one channel group at a time. x is (batch, seqlen,
-    channels) if channels_last, else (batch, channels, seqlen)."""
+    channels) if channels_last, else (batch, channels, seqlen).
+
+    y[t] = sum_j h[j] x[t + lag0 - j] is the circular convolution of the padded rows read at
+    t + lag0 (module docstring)."""
     xc = _swap_if(x, channels_last)
     batch, channels, _ = xc.shape
     dtype, n = compute_dtype(x.dtype, h.dtype), geo.fft_len
     width = min(chunk, channels)
     yc = _empty_activation(xc, channels_last)
-    x_rows = PaddedRows((batch,), width, geo.seqlen, n, dtype, x.device)
-    h_rows = PaddedRows((), width, geo.taps, n, dtype, x.device)
+    x_rows = PaddedRows((batch,), width, geo.seqlen, n, dtype, x.device, how)
+    h_rows = PaddedRows((), width, geo.taps, n, dtype, x.device, how)
     for cs in _channel_groups(channels, chunk):
         spectrum = torch.fft.rfft(x_rows.load(xc[:, cs]))
         spectrum.mul_(torch.fft.rfft(h_rows.load(h[cs])))  # in place: the product needs no third spectrum
-        conv = torch.fft.irfft(spectrum, n=n)
+        conv = _inverse(spectrum, n, how)
         del spectrum  # before the next group's rfft, so at most one group's spectra are alive
         D_g = None if D is None else D[cs].to(dtype)
-        _write_window(yc[:, cs], conv, geo.lag0, D_g, xc[:, cs])
+        write_window(yc[:, cs], conv, geo.lag0, D_g, xc[:, cs], how)
     return _swap_if(yc, channels_last)
 
 
 def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None,
-                     geo: ConvGeometry, chunk: int, channels_last: bool, need: tuple[bool, bool, bool]):
+                     geo: ConvGeometry, chunk: int, channels_last: bool, how: Staging,
+                     need: tuple[bool, bool, bool]):
     """(dx, dh, dD), each in its input's dtype (dx also in x's layout; None where not needed),
     recomputing the spectra per group.
 
     The gradient of a convolution is a correlation. From y[t] = sum_j h[j] x[t + lag0 - j]:
         dx[u] = sum_t dy[t] h[t + lag0 - u],    dh[j] = sum_{b, t} dy[t] x[t + lag0 - j].
-    The circular correlation c[k] = sum_t dy[t] h[(t - k) mod n] is irfft(DY * conj(H)), and
-    dx[u] = c[(u - lag0) mod n]; likewise for dh with X in place of H, summed over the batch
-    in the frequency domain (one inverse FFT per channel, not per sequence). n is large enough
-    that no index of dy, h or x wraps onto a non-zero value (see the module docstring).
+    With the other operand reversed as it is loaded, hr[i] = h[taps - 1 - i] and
+    xr[i] = x[seqlen - 1 - i], both become plain convolutions:
+        dx[u] = (dy * hr)[u + taps - 1 - lag0],      dh[j] = sum_b (dy * xr)[j + seqlen - 1 - lag0],
+    so the spectra multiply as in the forward, with no conjugate (which torch would materialise
+    as one more pass over a spectrum). dh sums over the batch in the frequency domain: one
+    inverse FFT per channel, not per sequence. The reads stay inside [0, n), and every index
+    that wraps lands at or past seqlen, on zeros, because n >= seqlen + taps - 1 - lag0 and
+    taps - 1 >= 2 lag0 (so n >= seqlen + lag0).
     """
     need_dx, need_dh, need_dD = need
     dyc, xc = _swap_if(dy, channels_last), _swap_if(x, channels_last)
@@ -199,22 +195,31 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
     dxc = _empty_activation(xc, channels_last) if need_dx else None
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_dh else None
     dD = torch.empty(D.shape, dtype=D.dtype, device=D.device) if need_dD else None
-    dy_rows = PaddedRows((batch,), width, seqlen, n, dtype, device)
-    x_rows = PaddedRows((batch,), width, seqlen, n, dtype, device) if need_dh or need_dD else None
-    h_rows = PaddedRows((), width, geo.taps, n, dtype, device) if need_dx else None
+    # dy's rows, then x's: x is loaded only once dy's spectrum and the dD products are taken.
+    rows = PaddedRows((batch,), width, seqlen, n, dtype, device, how)
+    h_rows = PaddedRows((), width, geo.taps, n, dtype, device, how) if need_dx else None
     for cs in _channel_groups(channels, chunk):
-        dy_g = dy_rows.load(dyc[:, cs])
-        dy_spectrum = torch.fft.rfft(dy_g) if need_dx or need_dh else None
-        x_g = x_rows.load(xc[:, cs]) if need_dh or need_dD else None
-        if need_dD:  # products in the compute dtype, as the skip term's forward
-            dD[cs] = (dy_g[..., :seqlen] * x_g[..., :seqlen]).sum((0, 2))
+        # dD = sum_{b, t} dy x, its products in the compute dtype (x's cast to it is exact) as in
+        # the skip term's forward, read while dy is loaded.
+        if need_dD:
+            dy_g, dots = rows.load_and_dot(dyc[:, cs], xc[:, cs])
+            dD[cs] = dots.sum(0)
+        else:
+            dy_g = rows.load(dyc[:, cs])
+        if not (need_dx or need_dh):
+            continue
+        dy_spectrum = torch.fft.rfft(dy_g)
         if need_dh:
-            corr = torch.fft.irfft(_batch_sum(dy_spectrum * torch.fft.rfft(x_g).conj()), n=n)
-            _write_window(dh[cs], corr, -geo.lag0, None, None)
-        if need_dx:  # the skip term's share: d(D x)/dx = D
-            corr = torch.fft.irfft(dy_spectrum * torch.fft.rfft(h_rows.load(h[cs])).conj(), n=n)
+            product = dy_spectrum * torch.fft.rfft(rows.load(xc[:, cs], reverse=True))
+            corr = _inverse(_batch_sum(product), n, how)
+            del product
+            write_window(dh[cs], corr, seqlen - 1 - geo.lag0, None, None, how)
+        if need_dx:  # the skip term's share, D dy, is added in the same pass: d(D x)/dx = D
+            dy_spectrum.mul_(torch.fft.rfft(h_rows.load(h[cs], reverse=True)))  # dy's spectrum is not needed after
+            corr = _inverse(dy_spectrum, n, how)
             D_g = None if D is None else D[cs].to(dtype)
-            _write_window(dxc[:, cs], corr, -geo.lag0, D_g, dyc[:, cs])
+            write_window(dxc[:, cs], corr, geo.taps - 1 - geo.lag0, D_g, dyc[:, cs], how)
+        del dy_spectrum
     return (None if dxc is None else _swap_if(dxc, channels_last)), dh, dD
 
 
@@ -223,14 +228,15 @@ class FFTConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, geo: ConvGeometry,
-                chunk: int, channels_last: bool) -> torch.Tensor:
+                chunk: int, channels_last: bool, how: Staging) -> torch.Tensor:
         ctx.save_for_backward(x, h, D)
-        ctx.geo, ctx.chunk, ctx.channels_last = geo, chunk, channels_last
-        return fftconv_forward(x, h, D, geo, chunk, channels_last)
+        ctx.geo, ctx.chunk, ctx.channels_last, ctx.how = geo, chunk, channels_last, how
+        return fftconv_forward(x, h, D, geo, chunk, channels_last, how)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy: torch.Tensor):
         x, h, D = ctx.saved_tensors
-        dx, dh, dD = fftconv_backward(dy, x, h, D, ctx.geo, ctx.chunk, ctx.channels_last, ctx.needs_input_grad[:3])
-        return dx, dh, dD, None, None, None
+        dx, dh, dD = fftconv_backward(dy, x, h, D, ctx.geo, ctx.chunk, ctx.channels_last, ctx.how,
+                                      ctx.needs_input_grad[:3])
+        return dx, dh, dD, None, None, None, None

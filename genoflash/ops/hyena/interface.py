@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from ...backends import select_backend, triton_interpreted
 from .fftconv import FFTConvFunction, auto_channel_chunk, compute_dtype, conv_geometry
+from .staging import Staging
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -56,8 +58,15 @@ def _check_and_apply(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, c
         raise ValueError(f"channel_chunk must be >= 1, got {channel_chunk}")
 
     geo = conv_geometry(seqlen, h.shape[1], causal)
-    chunk = channel_chunk or auto_channel_chunk(batch, channels, geo, compute_dtype(x.dtype, h.dtype))
-    return FFTConvFunction.apply(x, h, D, geo, chunk, channels_last)
+    dtype = compute_dtype(x.dtype, h.dtype)
+    chunk = channel_chunk or auto_channel_chunk(batch, channels, geo, dtype)
+    # The Triton staging kernels (staging.py) on the triton backend, in float32, where Triton runs;
+    # torch ops otherwise (float64, CPUs): the same values either way. The interpreter (CPU tests)
+    # truncates float32 to bfloat16 where the GPU rounds, so it leaves bf16 outputs to torch.
+    interpreted = triton_interpreted()
+    fused = (select_backend(x.device) == "triton" and dtype == torch.float32
+             and (x.device.type == "cuda" or interpreted) and not (interpreted and x.dtype == torch.bfloat16))
+    return FFTConvFunction.apply(x, h, D, geo, chunk, channels_last, Staging(fused, interpreted))
 
 
 def fftconv(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None = None, causal: bool = True,
