@@ -131,8 +131,10 @@ class HyenaFilter(nn.Module):
 
     def positions(self, seqlen: int) -> torch.Tensor:
         """t = lag / l_max for every tap, (taps,) in the MLP's dtype."""
-        lags = torch.arange(0 if self.causal else 1 - seqlen, seqlen, dtype=torch.float64)
-        return (lags / self.l_max).to(self.rates.device, self.mlp[0].weight.dtype)
+        # Made on the device: a host tensor would be copied from pageable memory every call, a
+        # copy that can hold the host until the GPU catches up. float64 keeps t exact-then-rounded.
+        lags = torch.arange(0 if self.causal else 1 - seqlen, seqlen, dtype=torch.float64, device=self.rates.device)
+        return (lags / self.l_max).to(self.mlp[0].weight.dtype)
 
     def features(self, t: torch.Tensor) -> torch.Tensor:
         """(taps,) -> (taps, 1 + 2 num_freqs)."""
