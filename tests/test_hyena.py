@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import genoflash
 from genoflash.layers.hyena import HyenaFilter, HyenaOperator
 from genoflash.ops.hyena import fftconv, fftconv_channels_first, long_conv_reference
+from genoflash.ops.hyena import staging
 from genoflash.ops.hyena.fftconv import fft_size
 from genoflash.ops.hyena.projection import project_from_channels_first, project_to_channels_first
 from genoflash.ops.hyena.short_conv import short_conv, short_conv_reference
@@ -38,6 +39,13 @@ def conv_inputs(batch: int, seqlen: int, channels: int, causal: bool, taps: int 
     h = torch.randn(channels, taps, generator=gen, dtype=torch.float64)
     D = torch.randn(channels, generator=gen, dtype=torch.float64)
     return x, h, D
+
+
+@pytest.fixture(autouse=True)
+def stage_with_triton_at_every_size(monkeypatch):
+    """The triton backend stages small FFT groups with torch ops (launches cost more than they
+    save there); the tests' sizes are all small, so they lift that floor to reach the kernels."""
+    monkeypatch.setattr(staging, "FUSED_MIN_ELEMENTS", 0)
 
 
 # ---------------------------------------------------------------- fftconv: outputs
@@ -327,6 +335,7 @@ def test_output_scale_does_not_grow_with_l_max(causal):
 BACKENDS = ["torch", "triton"]
 
 
+
 def as_channels_first(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).contiguous()
 
@@ -450,6 +459,25 @@ def test_channels_first_bad_inputs_raise_clear_errors(index):
     call, error, match = _bad_channels_first_calls()[index]
     with pytest.raises(error, match=match):
         call()
+
+
+def test_small_groups_are_staged_by_torch_ops(monkeypatch):
+    """Under the floor the triton backend runs no staging kernel, and computes the same values."""
+    x, h, D = (t.float() for t in conv_inputs(2, 40, 3, True))
+    x = as_channels_first(x)
+    with genoflash.use_backend("triton"):
+        fused = fftconv_channels_first(x, h, D)
+
+        class NoLaunch:
+            def __getitem__(self, grid):
+                raise AssertionError("a staging kernel was launched")
+
+        monkeypatch.setattr(staging, "_load_rows_kernel", NoLaunch())
+        monkeypatch.setattr(staging, "_write_window_kernel", NoLaunch())
+        with pytest.raises(AssertionError, match="launched"):
+            fftconv_channels_first(x, h, D)
+        monkeypatch.setattr(staging, "FUSED_MIN_ELEMENTS", 2 * 3 * 80 + 1)  # batch * channels * n, plus one
+        torch.testing.assert_close(fftconv_channels_first(x, h, D), fused)
 
 
 def test_a_channels_last_tensor_is_not_read_as_channels_first():

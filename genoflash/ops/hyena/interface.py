@@ -7,6 +7,7 @@ import torch
 
 from ...backends import select_backend, triton_interpreted
 from .fftconv import FFTConvFunction, auto_channel_chunk, compute_dtype, conv_geometry
+from . import staging
 from .staging import Staging
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -60,12 +61,14 @@ def _check_and_apply(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, c
     geo = conv_geometry(seqlen, h.shape[1], causal)
     dtype = compute_dtype(x.dtype, h.dtype)
     chunk = channel_chunk or auto_channel_chunk(batch, channels, geo, dtype)
-    # The Triton staging kernels (staging.py) on the triton backend, in float32, where Triton runs;
-    # torch ops otherwise (float64, CPUs): the same values either way. The interpreter (CPU tests)
-    # truncates float32 to bfloat16 where the GPU rounds, so it leaves bf16 outputs to torch.
+    # The Triton staging kernels (staging.py) on the triton backend, in float32, where Triton runs,
+    # for groups large enough to repay a launch; torch ops otherwise (float64, CPUs, short
+    # sequences): the same values either way. The interpreter (CPU tests) truncates float32 to
+    # bfloat16 where the GPU rounds, so it leaves bf16 outputs to torch.
     interpreted = triton_interpreted()
     fused = (select_backend(x.device) == "triton" and dtype == torch.float32
-             and (x.device.type == "cuda" or interpreted) and not (interpreted and x.dtype == torch.bfloat16))
+             and (x.device.type == "cuda" or interpreted) and not (interpreted and x.dtype == torch.bfloat16)
+             and batch * min(chunk, channels) * geo.fft_len >= staging.FUSED_MIN_ELEMENTS)
     return FFTConvFunction.apply(x, h, D, geo, chunk, channels_last, Staging(fused, interpreted))
 
 

@@ -23,6 +23,12 @@ import triton
 import triton.language as tl
 
 
+# Below this many elements in one group's FFT buffer, torch ops stage the rows: a Triton launch
+# costs more host time (~70 us on the H200 machine) than the kernel saves on the GPU, and short
+# sequences are bound by host time. 2^24 float32 is 64 MiB, e.g. 256 channels of 32k tokens.
+FUSED_MIN_ELEMENTS = 2**24
+
+
 class Staging(NamedTuple):
     """How one call moves its rows: by the Triton kernels (fused) or by torch ops, and whether
     Triton runs interpreted (tests on the CPU)."""
