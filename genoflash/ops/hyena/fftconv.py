@@ -28,10 +28,11 @@ processed in groups of `channel_chunk`, and the backward recomputes the spectra 
 group instead of saving them. Autograd keeps only x, h and D, O(batch * seqlen * channels),
 where keeping the fp32 spectra of all channels costs several times that.
 
-Traffic. Each operand reaches its FFT through one write: the cast to the compute dtype lands
-in the head of a zero-padded buffer whose tail is zeroed once per call (`PaddedRows`), not
-cast, then padded, per group. Each result leaves through one read: the slice of the inverse
-FFT, the skip term D x and the cast to the output dtype are one `addcmul` into the output.
+Traffic. Each operand reaches its FFT through one write (staging.py, `load_rows`): cast to
+the compute dtype, and reversed where the backward needs it, into the head of a zero-padded
+buffer whose tail is zeroed once per call (`PaddedRows`), not cast, then padded, per group.
+Each result leaves through one read (`write_window`): the window of the inverse FFT, its 1/n,
+the skip term D x and the cast to the output dtype in one pass.
 """
 
 from __future__ import annotations
