@@ -46,6 +46,16 @@ class Sine(nn.Module):
         return torch.sin(self.freq * x)
 
 
+def _short_conv_kernel_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                               interpreted: bool) -> bool:
+    """Whether the Triton short conv takes these operands: one dtype of float16, bfloat16 or
+    float32, where Triton runs; not bfloat16 under the interpreter (CPU tests), which truncates
+    float32 to bfloat16 where the GPU rounds."""
+    return ((x.device.type == "cuda" or interpreted) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and not (interpreted and x.dtype == torch.bfloat16)
+            and all(t is None or t.dtype == x.dtype for t in (weight, bias)))
+
+
 class ShortConv(nn.Module):
     """Depthwise convolution over a few neighbouring positions: `forward` takes and returns
     (batch, seqlen, channels), `channels_first` (batch, channels, seqlen).
@@ -67,10 +77,7 @@ class ShortConv(nn.Module):
         if select_backend(x.device) == "triton":
             interpreted = triton_interpreted()
             xt, wt, bt = autocast_operands(x, weight, bias)
-            # The interpreter (CPU tests) truncates float32 to bfloat16 where the GPU rounds.
-            if ((x.device.type == "cuda" or interpreted) and xt.dtype in (torch.float16, torch.bfloat16, torch.float32)
-                    and not (interpreted and xt.dtype == torch.bfloat16)
-                    and all(t is None or t.dtype == xt.dtype for t in (wt, bt))):
+            if _short_conv_kernel_applies(xt, wt, bt, interpreted):
                 return short_conv(xt, wt, bt, self.left, input_bias, interpreted)
         return short_conv_reference(x, weight, bias, self.left, input_bias)
 
