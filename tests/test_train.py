@@ -124,3 +124,9 @@ def test_classifier_ignores_padding():
     both = torch.cat([padded, torch.randint(4, 8, (1, 26))])
     with torch.no_grad():
         torch.testing.assert_close(model(both)["logits"][0], model(tokens)["logits"][0], atol=1e-5, rtol=1e-5)
+
+
+def test_model_config_fits_hyena_filters_to_the_run_length():
+    # Hyena filters are defined over positions / hyena_l_max; a run's longest sequence is seq_len.
+    assert TrainConfig(seq_len=224, distance=112).model_config().hyena_l_max == 224
+    assert TrainConfig(task="lm", fasta="x.fa", seq_len=4096).model_config().hyena_l_max == 4096

@@ -118,8 +118,12 @@ class TrainConfig:
                              f"no sliding window yet, got {self.layer_pattern!r}")
 
     def model_config(self) -> DNALMConfig:
+        # Hyena's implicit filters span positions normalised by hyena_l_max: at the default 1M a
+        # 224-base sequence would see only the flat first 0.02% of every filter. The longest
+        # sequence this run sees is seq_len.
         return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, causal=self.task == "lm",
-                           layer_pattern=self.layer_pattern, window_size=self.window_size)
+                           layer_pattern=self.layer_pattern, window_size=self.window_size,
+                           hyena_l_max=self.seq_len)
 
 
 # ---------------------------------------------------------------- config loading
