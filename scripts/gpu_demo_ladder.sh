@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where does the demo's recipe stop learning? `genoflash demo` (full vs local attention) at
 # growing lengths on one GPU, elements scaled to keep (motif bases)^2 / seq_len near the CPU
-# demo's 18 (see genoflash/data/synthetic.py). Each rung is one `genoflash demo` run.
+# demo's 18. That held at 224 bp only (2026-11-29: 2 kb and 8 kb stayed at chance; see
+# genoflash/data/synthetic.py). Each rung is one `genoflash demo` run; edit the rungs to probe.
 #
 #   OUT=/some/dir bash scripts/gpu_demo_ladder.sh [more genoflash demo flags]
 set -euo pipefail

@@ -17,7 +17,8 @@ import pytest  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_tests.sh on one)")
-    # Minutes-long runs (the demo at its full CPU size, ~3 min on 2 cores) stay out of CI: GENOFLASH_SLOW=1 runs them.
+    # Minutes-long runs (the demo at its full CPU size, ~2.5 min on 2 cores) stay out of CI;
+    # GENOFLASH_SLOW=1 runs them.
     skip_slow = pytest.mark.skip(reason="long-running: set GENOFLASH_SLOW=1")
     run_slow = os.environ.get("GENOFLASH_SLOW") == "1"
     for item in items:
