@@ -121,6 +121,9 @@ def _ring_bench_rank(rank, world, init_file, out_dir):
                           "--weak", "16", "--strong", "64", "--strong-causal", "causal", "--rows", "6",
                           "--reps", "1", "--train-context", "64", "--train-dim", "32", "--train-nheads", "2",
                           "--out", out_dir]) == 0
+        # Tear down together: rank 1 destroying its group while rank 0 still plotted once
+        # aborted it in CI under load ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -440,6 +440,7 @@ def main(argv: list[str]) -> int:
                                                  args.train_nheads)
                 say(f"train {json.dumps(report['train'])}")
             save()
+        dist.barrier()  # every rank done before any rank tears its group down
     finally:
         save()
         if rank == 0:
