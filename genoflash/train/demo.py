@@ -12,8 +12,8 @@ relate the two. The held-out accuracies are printed side by side; ``out_dir`` ge
 logs and checkpoint. CPU defaults are small; with CUDA the defaults grow to 32 kb.
 
 Why clusters of sites and not single motifs: see the synthetic module's docstring. A model
-from a random start found the two-element rule only when the elements were about 30% of the
-sequence. At 224 bp that is 4 sites. The GPU default (32 kb) has not learned yet.
+from a random start, at 16 sequences per step, found the two-element rule only when the
+elements were about 30% of the sequence. At 224 bp that is 4 sites. The GPU default (32 kb) has not learned yet.
 """
 
 from __future__ import annotations

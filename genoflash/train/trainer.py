@@ -76,7 +76,7 @@ class TrainConfig:
     n_families: int = _option(2, "synthetic: motif families")
     motif_length: int = _option(16, "synthetic: bases per motif (binding site)")
     sites: int = _option(1, "synthetic: motif copies per element (homotypic cluster; elements of ~30%% of "
-                            "seq_len learned within 300 steps up to 512 bp, smaller ones did not)")
+                            "seq_len learned within 300 steps of 16 up to 512 bp; see the synthetic module)")
     spacer: int = _option(0, "synthetic: extra bases per site's slot (each copy jitters within it)")
     margin: int = _option(64, "synthetic: bases kept free of elements at each end")
     steps: int = _option(300, "optimizer steps")
