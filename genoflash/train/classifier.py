@@ -18,6 +18,9 @@ from ..models.dna_lm import DNALM, DNALMConfig
 from ..padding import pad_input, unpad_input
 
 
+STEM_KERNEL = 15  # the default convolution stem: about one 16-base motif wide
+
+
 class SequenceClassifier(nn.Module):
     """tokens (batch, seqlen) -> dict(logits (batch, num_classes), loss).
 
@@ -28,7 +31,7 @@ class SequenceClassifier(nn.Module):
         stem_kernel: width of the residual convolution stem (odd; 0 for none).
     """
 
-    def __init__(self, config: DNALMConfig, num_classes: int = 2, stem_kernel: int = 15):
+    def __init__(self, config: DNALMConfig, num_classes: int = 2, stem_kernel: int = STEM_KERNEL):
         super().__init__()
         self.config = dataclasses.replace(config, causal=False)
         self.trunk = DNALM(self.config)

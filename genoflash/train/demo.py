@@ -26,6 +26,7 @@ import pathlib
 import time
 
 from ..data.synthetic import element_length
+from .classifier import STEM_KERNEL
 from .trainer import TrainConfig, resolve_device, train
 
 # Sizes per device. Elements are `sites` x 16-base motifs; local reach (see `local_reach`) must
@@ -38,7 +39,6 @@ GPU_DEFAULTS = dict(seq_len=32768, distance=16384, sites=128, spacer=4, margin=5
                     batch_size=16, dim=128)
 QUICK = dict(seq_len=192, distance=96, sites=2, spacer=0, margin=16, window_size=4, steps=6, batch_size=4, dim=16,
              eval_samples=16)
-STEM_KERNEL = 15  # SequenceClassifier's default convolution stem
 
 
 def local_reach(depth: int, window_size: int, stem_kernel: int = STEM_KERNEL) -> int:
