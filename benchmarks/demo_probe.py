@@ -2,10 +2,10 @@
 with its own minimal loop (AdamW, constant lr after 20 warm-up steps), on the CPU. Arguments are key=value
 overrides of `kw` below; results are in benchmarks/results/cpu-2026-11-29-demo-probes.txt. A research
 record, not part of the package: `genoflash demo` and `genoflash train` are the supported paths."""
-import sys, time, torch, torch.nn.functional as F, numpy as np
+import sys, time, torch, torch.nn.functional as F
 torch.set_num_threads(1)
 from genoflash.data.synthetic import SyntheticLongRangeDataset, MotifGrammar
-from genoflash.data import CLS_ID, PAD_ID
+from genoflash.data import CLS_ID
 from genoflash.models.dna_lm import DNALMConfig
 from genoflash.train.classifier import SequenceClassifier
 kw = dict(fanin=0, embstd=0.0, gseed=-1, sites=1, spacer=0, L=256, d=128, w=16, fam=2, dim=64, depth=2, heads=4, steps=600, bs=16, lr=3e-3, seed=0, pat="G", pool="cls", mlen=16, stem=15, margin=48)
