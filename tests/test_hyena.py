@@ -1,5 +1,9 @@
 """Hyena: `fftconv` against the direct-sum reference (outputs and gradients), what its autograd
 saves, its input checks, and the `HyenaOperator` layer (shapes, causality, the filter cache).
+Then the channels-first pieces the layer runs on: `fftconv_channels_first` (against the
+reference and against `fftconv`), the short convolution, the layout-crossing projections, and
+the layer against the same computation written channels-last. Tests marked by `backend` run
+each of genoflash's backends: on a CPU, `triton` runs the kernels under the interpreter.
 
 Accuracy is measured as the relative error ||y - ref|| / ||ref|| against the float64 direct
 sums: FFT rounding spreads over the whole output, so a norm-wise figure is the meaningful one.
@@ -7,10 +11,17 @@ sums: FFT rounding spreads over the whole output, so a norm-wise figure is the m
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import genoflash
 from genoflash.layers.hyena import HyenaFilter, HyenaOperator
-from genoflash.ops.hyena import fftconv, long_conv_reference
+from genoflash.ops.hyena import fftconv, fftconv_channels_first, long_conv_reference
+from genoflash.ops.hyena import staging
 from genoflash.ops.hyena.fftconv import fft_size
+from genoflash.ops.hyena.projection import project_from_channels_first, project_to_channels_first
+from genoflash.ops.hyena.short_conv import short_conv, short_conv_reference
+
+from .conftest import HAS_CUDA
 
 FP32_TOL = 2e-6  # measured up to 3e-7 at seqlen 1000
 FP64_TOL = 1e-12
@@ -28,6 +39,13 @@ def conv_inputs(batch: int, seqlen: int, channels: int, causal: bool, taps: int 
     h = torch.randn(channels, taps, generator=gen, dtype=torch.float64)
     D = torch.randn(channels, generator=gen, dtype=torch.float64)
     return x, h, D
+
+
+@pytest.fixture(autouse=True)
+def stage_with_triton_at_every_size(monkeypatch):
+    """The triton backend stages small FFT groups with torch ops (launches cost more than they
+    save there); the tests' sizes are all small, so they lift that floor to reach the kernels."""
+    monkeypatch.setattr(staging, "FUSED_MIN_ELEMENTS", 0)
 
 
 # ---------------------------------------------------------------- fftconv: outputs
@@ -310,3 +328,289 @@ def test_output_scale_does_not_grow_with_l_max(causal):
         with torch.no_grad():
             stds[l_max] = layer(torch.randn(1, l_max, 8)).std().item()
     assert 0.25 < stds[16384] / stds[256] < 4.0, stds
+
+
+# ---------------------------------------------------------------- fftconv_channels_first
+
+BACKENDS = ["torch", "triton"]
+
+
+
+def as_channels_first(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("channel_chunk", [None, 2])
+@pytest.mark.parametrize("seqlen", [1, 17, 129])
+@pytest.mark.parametrize("causal", [True, False])
+def test_channels_first_matches_direct_sums(causal, seqlen, channel_chunk, backend, poison_allocations):
+    """Every output element written (NaN-poisoned allocations), whatever the group split."""
+    x, h, D = conv_inputs(2, seqlen, 5, causal)
+    ref = as_channels_first(long_conv_reference(x, h, D, causal))
+    for dtype, tol in ((torch.float32, FP32_TOL), (torch.float64, FP64_TOL)):
+        with genoflash.use_backend(backend):
+            y = fftconv_channels_first(as_channels_first(x).to(dtype), h.to(dtype), D.to(dtype), causal, channel_chunk)
+        assert y.dtype == dtype and y.shape == ref.shape and y.is_contiguous()
+        assert rel_err(y, ref) < tol, (dtype, rel_err(y, ref))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal, taps", [(True, 1), (True, 5), (False, 1), (False, 9)])
+def test_channels_first_short_filters(causal, taps, backend):
+    x, h, D = conv_inputs(2, 33, 3, causal, taps=taps)
+    with genoflash.use_backend(backend):
+        for skip in (None, D):
+            y = fftconv_channels_first(as_channels_first(x).float(), h.float(), None if skip is None else skip.float(),
+                                       causal)
+            assert rel_err(y, as_channels_first(long_conv_reference(x, h, skip, causal))) < FP32_TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seqlen", [1, 17, 64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_channels_first_gradients_match_the_reference(causal, seqlen, backend, poison_allocations):
+    x, h, D = (t.requires_grad_() for t in conv_inputs(2, seqlen, 5, causal))
+    dy = torch.randn(2, seqlen, 5, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(long_conv_reference(x, h, D, causal), (x, h, D), dy)
+    ref_grads = (as_channels_first(ref_grads[0]), *ref_grads[1:])
+    for dtype, tol in ((torch.float64, FP64_TOL), (torch.float32, 1e-5)):
+        inputs = [as_channels_first(x).detach().to(dtype).requires_grad_(),
+                  *(t.detach().to(dtype).requires_grad_() for t in (h, D))]
+        with genoflash.use_backend(backend):
+            grads = torch.autograd.grad(fftconv_channels_first(*inputs, causal, 2), inputs,
+                                        as_channels_first(dy).to(dtype))
+        for name, g, ref, inp in zip("xhD", grads, ref_grads, inputs):
+            assert g.dtype == dtype and g.shape == inp.shape and g.is_contiguous(), name
+            assert rel_err(g, ref) < tol, (name, dtype, rel_err(g, ref))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+def test_channels_first_is_fftconv_transposed(causal, dtype, backend):
+    """The two entry points compute the same thing, forward and backward, in every input dtype."""
+    x, h, D = conv_inputs(3, 45, 6, causal)
+    x = x.to(dtype)
+    h, D = h.float(), D.float()
+    dy = torch.randn(3, 45, 6).to(dtype)
+    with genoflash.use_backend(backend):
+        last = [t.clone().requires_grad_() for t in (x, h, D)]
+        y_last = fftconv(*last, causal, 4)
+        g_last = torch.autograd.grad(y_last, last, dy)
+        first = [as_channels_first(x).requires_grad_(), h.clone().requires_grad_(), D.clone().requires_grad_()]
+        y_first = fftconv_channels_first(*first, causal, 4)
+        g_first = torch.autograd.grad(y_first, first, as_channels_first(dy))
+    assert y_last.is_contiguous() and y_first.is_contiguous() and y_first.dtype == y_last.dtype == dtype
+    torch.testing.assert_close(y_first, as_channels_first(y_last), rtol=0, atol=0)
+    torch.testing.assert_close(g_first[0], as_channels_first(g_last[0]), rtol=0, atol=0)
+    for a, b in zip(g_first[1:], g_last[1:]):
+        torch.testing.assert_close(a, b)  # summed over (batch, time): the order of the sums may differ
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_channels_first_takes_strided_inputs(backend, poison_allocations):
+    """x a channel slice of a wider tensor (batch stride > channels * seqlen), h a transposed
+    view, dy an expanded tensor (from .sum()): the results do not depend on strides."""
+    x, h, D = conv_inputs(2, 50, 4, True)
+    wide = torch.randn(2, 11, 50, dtype=torch.float64)
+    wide[:, 3:7] = as_channels_first(x)
+    xs = wide.float()[:, 3:7].requires_grad_()
+    hs = h.float().t().contiguous().t().requires_grad_()
+    assert not xs.is_contiguous() and not hs.is_contiguous()
+    with genoflash.use_backend(backend):
+        y = fftconv_channels_first(xs, hs, D.float(), True, 3)
+        y.sum().backward()
+    xr, hr = (t.detach().clone().requires_grad_() for t in (x, h))
+    ref = long_conv_reference(xr, hr, D, True)
+    ref.sum().backward()
+    assert rel_err(y, as_channels_first(ref)) < FP32_TOL
+    assert rel_err(xs.grad, as_channels_first(xr.grad)) < 1e-5 and rel_err(hs.grad, hr.grad) < 1e-5
+
+
+def test_channels_first_saves_only_x_h_and_D():
+    x, h, D = conv_inputs(2, 256, 8, True)
+    x = as_channels_first(x).to(torch.bfloat16).requires_grad_()
+    h, D = h.float().requires_grad_(), D.float().requires_grad_()
+    _, ours = saved_bytes(lambda: fftconv_channels_first(x, h, D))
+    assert ours == sum(t.numel() * t.element_size() for t in (x, h, D))
+
+
+def _bad_channels_first_calls():
+    x, h, D = (t.float() for t in conv_inputs(2, 8, 3, True))
+    x = as_channels_first(x)  # (2, 3, 8)
+    return [
+        (lambda: fftconv_channels_first(x.numpy(), h), TypeError, "torch.Tensor"),
+        (lambda: fftconv_channels_first(x.long(), h), TypeError, "float16, bfloat16"),
+        (lambda: fftconv_channels_first(x[0], h), ValueError, "rank 3 \\(batch, channels, seqlen\\)"),
+        (lambda: fftconv_channels_first(x[:, :, :0], h[:, :0]), ValueError, ">= 1"),
+        (lambda: fftconv_channels_first(x, h[:2]), ValueError, "h has 2 channels but x has 3"),
+        (lambda: fftconv_channels_first(x, torch.randn(3, 9)), ValueError, "reach no output"),
+        (lambda: fftconv_channels_first(x, torch.randn(3, 14), causal=False), ValueError, "odd number"),
+        (lambda: fftconv_channels_first(x, h, D[:2]), ValueError, "D has 2 channels"),
+        (lambda: fftconv_channels_first(x, h.to("meta")), ValueError, "device"),
+        (lambda: fftconv_channels_first(x, h, causal=1), TypeError, "causal must be a bool"),
+        (lambda: fftconv_channels_first(x, h, channel_chunk=0), ValueError, "channel_chunk must be >= 1"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_channels_first_calls())))
+def test_channels_first_bad_inputs_raise_clear_errors(index):
+    call, error, match = _bad_channels_first_calls()[index]
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_small_groups_are_staged_by_torch_ops(monkeypatch):
+    """Under the floor the triton backend runs no staging kernel, and computes the same values."""
+    x, h, D = (t.float() for t in conv_inputs(2, 40, 3, True))
+    x = as_channels_first(x)
+    with genoflash.use_backend("triton"):
+        fused = fftconv_channels_first(x, h, D)
+
+        class NoLaunch:
+            def __getitem__(self, grid):
+                raise AssertionError("a staging kernel was launched")
+
+        monkeypatch.setattr(staging, "_load_rows_kernel", NoLaunch())
+        monkeypatch.setattr(staging, "_write_window_kernel", NoLaunch())
+        with pytest.raises(AssertionError, match="launched"):
+            fftconv_channels_first(x, h, D)
+        monkeypatch.setattr(staging, "FUSED_MIN_ELEMENTS", 2 * 3 * 80 + 1)  # batch * channels * n, plus one
+        torch.testing.assert_close(fftconv_channels_first(x, h, D), fused)
+
+
+def test_a_channels_last_tensor_is_not_read_as_channels_first():
+    """(batch, seqlen, channels) handed to the channels-first entry point fails loudly when the
+    filter's channel count does not fit dim 1."""
+    x, h, _ = conv_inputs(1, 16, 3, True)
+    with pytest.raises(ValueError, match="h has 3 channels but x has 16"):
+        fftconv_channels_first(x, h)
+
+
+# ---------------------------------------------------------------- short convolution
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else []), ids=str)
+@pytest.mark.parametrize("taps, left", [(1, 0), (3, 2), (3, 1), (4, 1), (4, 3), (5, 2)])
+@pytest.mark.parametrize("seqlen", [1, 5, 70])
+def test_short_conv_matches_conv1d(seqlen, taps, left, dtype, device, poison_allocations):
+    """The Triton kernel (interpreted on a CPU) against nn.functional's conv1d on a padded copy,
+    with and without each bias, on a channel slice of a wider tensor: every output and gradient,
+    in float64, within the rounding of the dtype's output."""
+    gen = torch.Generator().manual_seed(seqlen * 10 + taps)
+    wide = torch.randn(2, 9, seqlen, generator=gen)
+    w, b, ib = torch.randn(4, taps, generator=gen), torch.randn(4, generator=gen), torch.randn(4, generator=gen)
+    dy = torch.randn(2, 4, seqlen, generator=gen)
+    for bias, input_bias in ((None, None), (b, ib)):
+        x = wide.to(device, dtype)[:, 2:6].requires_grad_()
+        args = [t.to(device, dtype).requires_grad_() for t in (w, *(() if bias is None else (bias,)))]
+        ib_ = None if input_bias is None else input_bias.to(device).requires_grad_()  # float32 whatever x's dtype
+        y = short_conv(x, args[0], args[1] if bias is not None else None, left, ib_,
+                       interpreted=not HAS_CUDA)
+        inputs = [x, *args, *(() if ib_ is None else (ib_,))]
+        grads = torch.autograd.grad(y, inputs, dy.to(device, dtype))
+        ref_in = [t.detach().double().requires_grad_() for t in inputs]
+        ref = short_conv_reference(ref_in[0], ref_in[1], ref_in[2] if bias is not None else None, left,
+                                   ref_in[-1] if ib_ is not None else None)
+        ref_grads = torch.autograd.grad(ref, ref_in, dy.to(device).double())
+        assert y.is_contiguous() and y.dtype == dtype and grads[0].is_contiguous()
+        tol = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+        for name, g, r in zip(["y", "dx", "dw", "dbias", "dinput_bias"], [y, *grads], [ref, *ref_grads]):
+            assert (g.double() - r).abs().max() <= tol * max(1.0, r.abs().max().item()), name
+
+
+def test_short_conv_rejects_bad_arguments():
+    x, w = torch.randn(1, 3, 8), torch.randn(3, 3)
+    with pytest.raises(ValueError, match="left must be in"):
+        short_conv(x, w, None, 3, interpreted=True)
+    with pytest.raises(ValueError, match="expected x"):
+        short_conv(x, w[:2], None, 1, interpreted=True)
+    with pytest.raises(TypeError, match="share one dtype"):
+        short_conv(x, w.double(), None, 1, interpreted=True)
+    with pytest.raises(ValueError, match="input_bias must be"):
+        short_conv(x, w, None, 1, torch.randn(2), interpreted=True)
+
+
+# ---------------------------------------------------------------- projections across the layout
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_projections_are_linear_layers_with_gradients_in_each_input_layout(batch):
+    torch.manual_seed(0)
+    u, w_in = torch.randn(batch, 11, 5, dtype=torch.float64, requires_grad=True), torch.randn(7, 5, dtype=torch.float64,
+                                                                                              requires_grad=True)
+    w_out, b_out = (torch.randn(4, 7, dtype=torch.float64, requires_grad=True),
+                    torch.randn(4, dtype=torch.float64, requires_grad=True))
+    z = project_to_channels_first(u, w_in)
+    assert z.shape == (batch, 7, 11) and z.is_contiguous()
+    y = project_from_channels_first(z, w_out, b_out)
+    assert y.shape == (batch, 11, 4) and y.is_contiguous()
+    ref = F.linear(F.linear(u, w_in), w_out, b_out)
+    torch.testing.assert_close(y, ref)
+    dy = torch.randn_like(ref)
+    grads = torch.autograd.grad(y, (u, w_in, w_out, b_out), dy)
+    for g, r in zip(grads, torch.autograd.grad(ref, (u, w_in, w_out, b_out), dy)):
+        torch.testing.assert_close(g, r)
+    assert grads[0].is_contiguous()  # u's gradient in u's layout, not a transposed view
+    dz = torch.autograd.grad(project_from_channels_first(z.detach().requires_grad_(), w_out, None), w_out, dy)
+    assert dz[0].shape == w_out.shape
+
+
+# ---------------------------------------------------------------- the layer, channels-first inside
+
+def channels_last_hyena(layer: HyenaOperator, u: torch.Tensor) -> torch.Tensor:
+    """HyenaOperator.forward as it reads on paper, every step channels-last through public ops:
+    what the channels-first internals must reproduce."""
+    z = F.linear(u, layer.in_proj.weight, layer.in_proj.bias)
+    conv = layer.short_conv.conv
+    z = F.conv1d(F.pad(z.transpose(1, 2), (layer.short_conv.left, conv.kernel_size[0] - 1 - layer.short_conv.left)),
+                 conv.weight, conv.bias, groups=conv.in_channels).transpose(1, 2)
+    v, *gates = z.split(layer.d_model, dim=-1)
+    for gate, h, D in zip(gates, layer.filter(u.shape[1]), layer.skip):
+        v = gate * fftconv(v, h, D, layer.causal)
+    return layer.out_proj(v)
+
+
+@pytest.mark.parametrize("backend, dtype, tol", [("torch", torch.float64, 1e-12), ("torch", torch.float32, 1e-5),
+                                                 ("triton", torch.float32, 1e-5)])
+@pytest.mark.parametrize("causal, short", [(True, 3), (False, 3), (False, 4)])
+def test_operator_is_its_channels_last_composition(causal, short, backend, dtype, tol):
+    torch.manual_seed(0)
+    layer = HyenaOperator(d_model=6, l_max=40, order=2, filter_order=8, short_filter_order=short,
+                          causal=causal).to(dtype)
+    layer.channel_chunk = 4  # two groups of the 6 channels, the second short
+    u = torch.randn(2, 37, 6, dtype=dtype, requires_grad=True)
+    dy = torch.randn(2, 37, 6, dtype=dtype)
+    params = [u, *layer.parameters()]
+    with genoflash.use_backend(backend):
+        y = layer(u)
+        grads = torch.autograd.grad(y, params, dy)
+    ref = channels_last_hyena(layer, u)
+    ref_grads = torch.autograd.grad(ref, params, dy)
+    assert y.is_contiguous() and grads[0].is_contiguous()
+    names = ["y", "u", *(name for name, _ in layer.named_parameters())]
+    for name, g, r in zip(names, [y, *grads], [ref, *ref_grads]):
+        assert rel_err(g, r) < tol, (name, rel_err(g, r))
+
+
+def test_filters_come_out_as_the_mlp_computes_them():
+    """The column-wise MLP (one filter per order, each its own tensor) equals nn.Sequential
+    applied row by row, times the window."""
+    torch.manual_seed(0)
+    filt = HyenaFilter(d_model=5, order=3, l_max=30, filter_order=8, causal=False)
+    t = filt.positions(30)
+    rows = filt.mlp(filt.features(t)).view(-1, 3, 5)  # (taps, order, d_model)
+    window = torch.exp(-filt.rates * t.abs()[:, None]) / filt.window_sum
+    expected = (rows * window[:, None, :]).permute(1, 2, 0)
+    per_order = filt.filters(30)
+    assert len(per_order) == 3 and all(h.is_contiguous() and h.shape == (5, 59) for h in per_order)
+    torch.testing.assert_close(torch.stack(per_order), expected)
+    torch.testing.assert_close(filt(30), expected)
+
+
+def test_operator_state_dict_keys_are_unchanged():
+    """Checkpoints from before the channels-first rewrite load as they are."""
+    layer = HyenaOperator(d_model=4, l_max=8, order=2)
+    assert sorted(layer.state_dict()) == sorted([
+        "in_proj.weight", "in_proj.bias", "short_conv.conv.weight", "short_conv.conv.bias",
+        "filter.mlp.0.weight", "filter.mlp.0.bias", "filter.mlp.1.freq", "filter.mlp.2.weight", "filter.mlp.2.bias",
+        "filter.mlp.3.freq", "filter.mlp.4.weight", "filter.mlp.4.bias", "skip", "out_proj.weight", "out_proj.bias"])

@@ -8,7 +8,15 @@ Hyena replaces attention by a recurrence of long convolutions and element-wise g
 
 The filters h_i span the whole sequence, but are implicit: a small MLP of positional
 features gives every tap, so the parameter count does not grow with the length. The long
-convolutions run by FFT (`genoflash.ops.hyena.fftconv`), O(N log N) time and O(N) memory.
+convolutions run by FFT (`genoflash.ops.hyena.fftconv_channels_first`), O(N log N) time and
+O(N) memory.
+
+Layout. The operator takes and returns (batch, seqlen, d_model) like the rest of genoflash, but
+works inside on (batch, channels, seqlen): the FFTs and the short convolution run along seqlen,
+so that layout makes every row they read contiguous. The input projection writes its output in
+that layout and the output projection reads it there (`genoflash.ops.hyena.projection`:
+matmuls that read the transposed operand in place), so no tensor is transposed by a copy,
+forward or backward; the filter MLP likewise emits each filter as a contiguous row.
 """
 
 from __future__ import annotations
@@ -16,10 +24,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..ops.hyena import fftconv
+from ..backends import select_backend, triton_interpreted
+from ..ops.hyena import fftconv_channels_first
+from ..ops.hyena.projection import autocast_operands, project_from_channels_first, project_to_channels_first
+from ..ops.hyena.short_conv import short_conv, short_conv_reference
 
 
 class Sine(nn.Module):
@@ -36,20 +46,43 @@ class Sine(nn.Module):
         return torch.sin(self.freq * x)
 
 
+def _short_conv_kernel_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                               interpreted: bool) -> bool:
+    """Whether the Triton short conv takes these operands: one dtype of float16, bfloat16 or
+    float32, where Triton runs; not bfloat16 under the interpreter (CPU tests), which truncates
+    float32 to bfloat16 where the GPU rounds."""
+    return ((x.device.type == "cuda" or interpreted) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and not (interpreted and x.dtype == torch.bfloat16)
+            and all(t is None or t.dtype == x.dtype for t in (weight, bias)))
+
+
 class ShortConv(nn.Module):
-    """Depthwise convolution over a few neighbouring positions, (batch, seqlen, channels) in and out.
+    """Depthwise convolution over a few neighbouring positions: `forward` takes and returns
+    (batch, seqlen, channels), `channels_first` (batch, channels, seqlen).
 
     Causal pads on the left only, so output t sees inputs t - kernel_size + 1 .. t; otherwise
-    the window is centred (one extra position on the right for even kernels)."""
+    the window is centred (one extra position on the right for even kernels). On the triton
+    backend the padding is a load mask in `genoflash.ops.hyena.short_conv` (no padded copy, a
+    contiguous output); elsewhere nn.Conv1d runs on a padded copy."""
 
     def __init__(self, channels: int, kernel_size: int, causal: bool):
         super().__init__()
         self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels)
-        left = kernel_size - 1 if causal else (kernel_size - 1) // 2
-        self.padding = (left, kernel_size - 1 - left)
+        self.left = kernel_size - 1 if causal else (kernel_size - 1) // 2
+
+    def channels_first(self, x: torch.Tensor, input_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, channels, seqlen) -> (batch, channels, seqlen): the convolution of x + input_bias
+        (channels,), if given: the bias of the linear layer before it, added here at no extra pass."""
+        weight, bias = self.conv.weight[:, 0], self.conv.bias
+        if select_backend(x.device) == "triton":
+            interpreted = triton_interpreted()
+            xt, wt, bt = autocast_operands(x, weight, bias)
+            if _short_conv_kernel_applies(xt, wt, bt, interpreted):
+                return short_conv(xt, wt, bt, self.left, input_bias, interpreted)
+        return short_conv_reference(x, weight, bias, self.left, input_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x.transpose(1, 2), self.padding)).transpose(1, 2)
+        return self.channels_first(x.transpose(1, 2)).transpose(1, 2)
 
 
 class HyenaFilter(nn.Module):
@@ -105,33 +138,57 @@ class HyenaFilter(nn.Module):
 
     def positions(self, seqlen: int) -> torch.Tensor:
         """t = lag / l_max for every tap, (taps,) in the MLP's dtype."""
-        lags = torch.arange(0 if self.causal else 1 - seqlen, seqlen, dtype=torch.float64)
-        return (lags / self.l_max).to(self.rates.device, self.mlp[0].weight.dtype)
+        # Made on the device: a host tensor would be copied from pageable memory every call, a
+        # copy that can hold the host until the GPU catches up. float64 keeps t exact-then-rounded.
+        lags = torch.arange(0 if self.causal else 1 - seqlen, seqlen, dtype=torch.float64, device=self.rates.device)
+        return (lags / self.l_max).to(self.mlp[0].weight.dtype)
 
     def features(self, t: torch.Tensor) -> torch.Tensor:
         """(taps,) -> (taps, 1 + 2 num_freqs)."""
         angles = 2 * math.pi * t[:, None] * torch.arange(1, self.num_freqs + 1, device=t.device, dtype=t.dtype)
         return torch.cat([t[:, None], torch.cos(angles), torch.sin(angles)], dim=-1)
 
-    def filters(self, seqlen: int) -> torch.Tensor:
+    def filters(self, seqlen: int) -> list[torch.Tensor]:
+        """[h_i for each order i], each (d_model, taps), contiguous, computed on its own.
+
+        The MLP runs with features as columns, W @ x + b per layer, so every filter comes out
+        as contiguous rows in the layout fftconv's FFTs read, and the MLP's gradients stay in
+        that layout too: no transpose either way. The last layer runs once per order, so each
+        h_i is its own tensor: its gradient flows back without being stacked with the others,
+        and its window multiply broadcasts over nothing."""
         t = self.positions(seqlen)
-        taps = self.mlp(self.features(t)).view(-1, self.order, self.d_model)
-        window = torch.exp(-self.rates * t.abs()[:, None]) / self.window_sum  # (taps, d_model)
-        # (taps, order, d_model) -> (order, d_model, taps) as a view: fftconv takes any strides.
-        return (taps * window[:, None, :]).permute(1, 2, 0)
+        x = self.features(t).mT  # (1 + 2 num_freqs, taps)
+        *hidden, last = self.mlp
+        for layer in hidden:
+            if isinstance(layer, nn.Linear):
+                x = torch.addmm(layer.bias[:, None], layer.weight, x)
+            else:  # Sine, one frequency per row here
+                x = torch.sin(layer.freq[:, None] * x)
+        window = torch.exp(-self.rates[:, None] * t.abs()) / self.window_sum[:, None]  # (d_model, taps)
+        rows = [slice(i * self.d_model, (i + 1) * self.d_model) for i in range(self.order)]
+        return [torch.addmm(last.bias[r, None], last.weight[r], x) * window for r in rows]
+
+    def _recomputed(self) -> bool:
+        return self.training or torch.is_grad_enabled()
 
     def forward(self, seqlen: int) -> torch.Tensor:
-        """The filters for seqlen, recomputed each call except at inference.
+        """The filters for seqlen as one (order, d_model, taps) tensor, recomputed each call except
+        at inference.
 
         At inference (eval mode, no grad) they are cached. The key holds every parameter's
         version counter, so an in-place update (optimizer step, load_state_dict) recomputes."""
-        if self.training or torch.is_grad_enabled():
-            return self.filters(seqlen)
+        if self._recomputed():
+            return torch.stack(self.filters(seqlen))
         params = list(self.parameters())
         key = (seqlen, params[0].device, params[0].dtype, tuple(p._version for p in params))
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self.filters(seqlen))
+            self._cache = (key, torch.stack(self.filters(seqlen)))
         return self._cache[1]
+
+    def per_order(self, seqlen: int) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
+        """The filters one order at a time, as `HyenaOperator` uses them: `filters` when they are
+        recomputed (no stacked copy, forward or backward), views of the cached `forward` otherwise."""
+        return self.filters(seqlen) if self._recomputed() else self(seqlen).unbind(0)
 
 
 class HyenaOperator(nn.Module):
@@ -169,7 +226,11 @@ class HyenaOperator(nn.Module):
         seqlen = u.shape[1]
         if seqlen > self.l_max:
             raise ValueError(f"sequence length {seqlen} exceeds l_max = {self.l_max}")
-        v, *gates = self.short_conv(self.in_proj(u)).split(self.d_model, dim=-1)
-        for gate, h, D in zip(gates, self.filter(seqlen), self.skip):
-            v = self.dropout(gate * fftconv(v, h, D, self.causal, self.channel_chunk))
-        return self.out_proj(v)
+        # (batch, (order + 1) d_model, seqlen) from here to the output projection: channel slices
+        # keep seqlen contiguous, so the FFTs, gates and dropout below read whole rows. The input
+        # projection's bias is added inside the short convolution (no pass of its own).
+        z = project_to_channels_first(*autocast_operands(u, self.in_proj.weight))
+        v, *gates = self.short_conv.channels_first(z, self.in_proj.bias).split(self.d_model, dim=1)
+        for gate, h, D in zip(gates, self.filter.per_order(seqlen), self.skip):
+            v = self.dropout(gate * fftconv_channels_first(v, h, D, self.causal, self.channel_chunk))
+        return project_from_channels_first(*autocast_operands(v, self.out_proj.weight, self.out_proj.bias))
