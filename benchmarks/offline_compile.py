@@ -7,7 +7,8 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
     python benchmarks/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
 
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout or mamba (the
-selective scan); --fwd/--dkdv/--dq force tiles.
+selective scan); --fwd/--dkdv/--dq force tiles; --no-tma keeps pointer loads where TMA
+descriptors would apply.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def main(argv):
     parser.add_argument("--dq")
     parser.add_argument("--rotary-dim", type=int)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--no-tma", action="store_true", help="pointer loads where TMA descriptors would apply")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     JITFunction.run = _compile_only
@@ -105,6 +107,14 @@ def main(argv):
         for name in ("forward_config", "backward_config"):
             if hasattr(m, name):
                 setattr(m, name, getattr(configs, name))
+
+    # TMA descriptors apply on Hopper; the CPU tensors standing in here must count as eligible.
+    from genoflash.ops.attention import backward as bwd_mod, descriptors, forward as fwd_mod
+
+    def tma_on_sm90(varlen, rotary_dim, *tensors):
+        return (not args.no_tma and not varlen and not rotary_dim
+                and all(t.dim() == 4 and descriptors._aligned(t) for t in tensors))
+    fwd_mod.tma_applies = bwd_mod.tma_applies = tma_on_sm90
 
     case, d = args.case, args.d
     dv = args.dv or d

@@ -132,6 +132,42 @@ def test_noncontiguous_inputs(backend, device):
     assert_within_rule(got, truth, same)
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k,headdim,nheads_k", [(1, 1, 64, 2), (17, 129, 40, 2), (129, 17, 96, 1),
+                                                                (300, 257, 72, 2), (130, 130, 24, 2)])
+def test_tma_descriptor_and_pointer_loads(tma, causal, seqlen_q, seqlen_k, headdim, nheads_k, monkeypatch, device):
+    """The kernels' two load paths (descriptors.py): TMA descriptors, whose boxes run past the
+    sequence end and the head dim, and pointer loads with masks. In the head-dim-24 case q starts
+    2 bytes past a 16-byte boundary, which the copy engine cannot take, so it must fall back to
+    pointer loads even where TMA is allowed."""
+    from genoflash.ops.attention import backward, descriptors, forward
+    from genoflash.ops.attention.descriptors import use_tma
+
+    seen = []
+    real_launch = forward.launch
+    for module in (forward, backward):  # forward, dK/dV and dQ launches
+        monkeypatch.setattr(module, "launch", lambda *a, **kw: (seen.append(kw["TMA"]), real_launch(*a, **kw)))
+    monkeypatch.setattr(descriptors, "DKDV_Q_BY_TMA", True)  # off by default on the GPU; covered here
+    torch.manual_seed(seqlen_q + seqlen_k + headdim)
+    q, k, v, dout = random_qkv(2, seqlen_q, seqlen_k, 2, headdim, torch.float16, device)
+    k, v = (t.detach()[:, :, :nheads_k].clone().requires_grad_() for t in (k, v))  # GQA when nheads_k < 2
+    misaligned = headdim == 24
+    if misaligned:
+        q = torch.randn(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape).requires_grad_()
+    with genoflash.use_backend("triton"), use_tma(tma):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal), q, k, v, dout)
+    hopper = device.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
+    assert seen == [tma and hopper and not misaligned] * 3
+
+    def standard(a, b, c):
+        group = a.shape[2] // b.shape[2]
+        return attention_reference(a, b.repeat_interleave(group, 2), c.repeat_interleave(group, 2), causal=causal)[0]
+
+    truth, same = reference_pair(q, k, v, dout, fn=standard)
+    assert_within_rule(got, truth, same)
+
+
 def test_reference_backend_is_standard_attention(device):
     torch.manual_seed(4)
     q, k, v, _ = random_qkv(1, 33, 40, 2, 16, torch.float32, device)

@@ -32,7 +32,9 @@ from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
-from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
+from . import descriptors
+from .descriptors import tile_descriptor, tma_applies
+from .tiles import _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
 
 
 @triton.jit
@@ -62,7 +64,7 @@ def _attn_bwd_preprocess_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                         q_desc, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -71,7 +73,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                          ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr):
+                         INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
     """Accumulate one key tile's dK (unscaled, rotated frame, as groups a/b/p) and dV over
     query rows [lo, hi) of one head.
 
@@ -84,9 +86,16 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_m in range(lo, hi, BLOCK_M):
         rows = (start_m + offs_m)[None, :]
-        qa, qb, qp = _load_qk(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
-                              start_m + offs_m + (seqlen_k - seqlen_q), COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM,
-                              BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
+        # dO always by pointers: by TMA as well, this kernel (at 255 registers) spilled or
+        # crashed ptxas (benchmarks/NOTES.md).
+        if TMA:  # no RoPE (host check): Q is one channel group; rows past the end read as 0
+            qp = _load_tile_tma(q_desc, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
+            qa = qp  # never read without RoPE
+            qb = qp
+        else:
+            qa, qb, qp = _load_qk(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
+                                  start_m + offs_m + (seqlen_k - seqlen_q), COS, SIN, stride_rot, HEAD_DIM,
+                                  ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
         do = _load_tile(_row_ptr(do_base, start_m, stride_dom), offs_m, seqlen_q - start_m, stride_dom,
                         offs_dv, HEAD_DIM_V, BLOCK_DV, True)
         in_rows = offs_m < seqlen_q - start_m
@@ -120,7 +129,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -135,7 +144,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -173,26 +182,26 @@ def _attn_bwd_dkdv_kernel(
         bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
+                                      q_desc, off_b, off_h, start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION)
+                                      True, INPUT_PRECISION, TMA)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      q_desc, off_b, off_h, start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      False, INPUT_PRECISION)
+                                      False, INPUT_PRECISION, TMA)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      q_desc, off_b, off_h, start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION)
+                                      True, INPUT_PRECISION, TMA)
 
     # dk is w.r.t. the rotated keys; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
@@ -204,7 +213,8 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
+def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, k_desc,
+                       v_desc, off_b, off_hk, start_m, lo, hi,
                        seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                        slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                        dropout_rescale,
@@ -214,18 +224,24 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                        ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                       INPUT_PRECISION: tl.constexpr):
+                       INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
     """Accumulate one query tile's dQ (unscaled, rotated frame, as groups a/b/p) over key tiles [lo, hi)."""
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
-        ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
-                              start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
-                              ROTARY_INTERLEAVED, BLOCK_N, MASKED)
-        v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
-                       offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        if TMA:  # no RoPE (host check): K is one channel group; rows past the end read as 0
+            kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
+            ka = kp  # never read without RoPE
+            kb = kp
+            v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
+        else:
+            ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
+                                  start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                                  ROTARY_INTERLEAVED, BLOCK_N, MASKED)
+            v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
+                           offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
         s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, tanh_s = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -249,7 +265,7 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
 
 @triton.jit
 def _attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -263,7 +279,7 @@ def _attn_bwd_dq_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
 ):
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
     q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
@@ -298,24 +314,27 @@ def _attn_bwd_dq_kernel(
 
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
+    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                            k_desc, v_desc, off_b, off_hk, start_m, lo, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
-    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo, mid_hi,
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
+    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                            k_desc, v_desc, off_b, off_hk, start_m, mid_lo, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, HAS_DROPOUT, False, INPUT_PRECISION)
-    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, False, INPUT_PRECISION, TMA)
+    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                            k_desc, v_desc, off_b, off_hk, start_m, mid_hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
     # dq is w.r.t. the rotated queries; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
                    dqa * softmax_scale, dqb * softmax_scale, dqp * softmax_scale, q_positions, offs_m,
@@ -346,21 +365,30 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    shared = dict(HEAD_DIM=head_dim, **qk_blocks(head_dim, a.rotary_dim), HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, **constexprs)
+    blocks = qk_blocks(head_dim, a.rotary_dim)
+    # TMA descriptors (descriptors.py) for the tiles each pass streams: K and V in dQ, and Q in dK/dV
+    # if descriptors.DKDV_Q_BY_TMA.
+    tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, dout)
+    shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, TMA=tma, **constexprs)
+    dkdv_desc, dq_descs = None, [None, None]
+    if tma:
+        dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
+        dq_descs = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"]), tile_descriptor(v, cfg.dq.block_n, block_dv)]
 
     num_n_blocks = triton.cdiv(seqlen_k, cfg.dkdv.block_n)
     launch(_attn_bwd_dkdv_kernel, (num_n_blocks * batch * nheads_k,), cfg.dkdv,
         q, k, v, dout, lse, delta, dk, dv, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
+        dkdv_desc,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
         stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
-        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **shared,
+        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **{**shared, "TMA": tma and descriptors.DKDV_Q_BY_TMA},
     )
 
     num_m_blocks = triton.cdiv(seqlen_q, cfg.dq.block_m)
     launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,
-        q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
+        q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin, *dq_descs,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
         a.rotary_stride,

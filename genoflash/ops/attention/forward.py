@@ -24,11 +24,13 @@ from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 from .tile_scheduler import _tile_of_program
-from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
+from .descriptors import tile_descriptor, tma_applies
+from .tiles import _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile, _store_tile_tma
 
 
 @triton.jit
-def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, lo, hi,
+def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk, stride_kn,
+                    stride_vn, start_m, lo, hi,
                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                     slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                     dropout_rescale,
@@ -37,7 +39,7 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                     ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr):
+                    INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
     """Stream key tiles [lo, hi) into the running state of one query tile.
 
     Invariant after each tile: acc is un-normalised (acc / l_i is the output over the keys
@@ -50,10 +52,14 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride
         cols = (start_n + offs_n)[None, :]
         # Only masked tiles can hold the seqlen_k tail, so only they check rows.
         # With RoPE, key j sits at position j and the K tile is rotated as it arrives.
-        ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
-                              start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
-                              ROTARY_INTERLEAVED, BLOCK_N, MASKED)
-        s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        if TMA:  # no RoPE here (host check): the tile is one channel group, zero-filled past the end
+            kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
+            s = _qk_dot(qa, qb, qp, kp, kp, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        else:
+            ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
+                                  start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                                  ROTARY_INTERLEAVED, BLOCK_N, MASKED)
+            s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
         if HAS_ALIBI:
@@ -65,8 +71,11 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride
             keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
                                  dropout_threshold, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p * dropout_rescale, 0.0)
-        v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
-                       offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        if TMA:
+            v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
+        else:
+            v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
+                           offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
     return acc, m_i, l_i
 
@@ -74,6 +83,7 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride
 @triton.jit
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
+    q_desc, k_desc, v_desc, o_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -86,7 +96,7 @@ def _attn_fwd_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
 ):
     # HEAVY_LAST (causal): query tiles late in the sequence see the most keys; launch them first.
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
@@ -100,10 +110,16 @@ def _attn_fwd_kernel(
 
     # The Q tile is loaded (and rotated) once and stays on chip for the whole key loop.
     # With RoPE, query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment).
-    q_ptr = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm)
-    qa, qb, qp = _load_qk(q_ptr, offs_m, seqlen_q - start_m, stride_qm, start_m + offs_m + (seqlen_k - seqlen_q),
-                          COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED,
-                          BLOCK_M, True)
+    # TMA (descriptors.py): fixed-length batches without RoPE take their tiles through the copy engine.
+    if TMA:
+        qp = _load_tile_tma(q_desc, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
+        qa = qp  # the rotary groups do not exist without RoPE; _qk_dot never reads them
+        qb = qp
+    else:
+        q_ptr = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm)
+        qa, qb, qp = _load_qk(q_ptr, offs_m, seqlen_q - start_m, stride_qm, start_m + offs_m + (seqlen_k - seqlen_q),
+                              COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED,
+                              BLOCK_M, True)
     k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
     v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
     slope_raw = 0.0
@@ -118,31 +134,37 @@ def _attn_fwd_kernel(
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # Left edge of a sliding window: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, lo, mid_lo,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk,
+                                    stride_kn, stride_vn, start_m, lo, mid_lo,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
                                     dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
+                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
     # Whole tiles where every score is visible: no mask work.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, mid_lo,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk,
+                                    stride_kn, stride_vn, start_m, mid_lo,
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                                     softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                                     dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R,
                                     BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                     HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, False,
-                                    INPUT_PRECISION)
+                                    INPUT_PRECISION, TMA)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, stride_kn, stride_vn, start_m, mid_hi, hi,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk,
+                                    stride_kn, stride_vn, start_m, mid_hi, hi,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
                                     dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION)
+                                    FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
 
     out, lse = _finalize_softmax(acc, m_i, l_i)
-    _store_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), q_start + start_m, stride_om), out,
-                offs_m, seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV)
+    if TMA:
+        _store_tile_tma(o_desc, out.to(O.dtype.element_ty), off_b, start_m, off_h, BLOCK_M, BLOCK_DV)
+    else:
+        _store_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), q_start + start_m, stride_om),
+                    out, offs_m, seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV)
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), q_start + start_m, 1)
     tl.store(lse_ptr + offs_m, lse, mask=offs_m < seqlen_q - start_m)
 
@@ -228,13 +250,19 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
+    blocks = qk_blocks(head_dim, a.rotary_dim)
+    tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, out)
+    descs = [None] * 4
+    if tma:
+        descs = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]), tile_descriptor(k, cfg.block_n, blocks["BLOCK_P"]),
+                 tile_descriptor(v, cfg.block_n, head_block(head_dim_v)),
+                 tile_descriptor(out, cfg.block_m, head_block(head_dim_v))]
     launch(_attn_fwd_kernel, (num_m_blocks * batch * nheads,), cfg,
-        q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
+        q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin, *descs,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads, nheads // nheads_k, seqlen_q, seqlen_k, num_m_blocks, *scalars,
-        HEAD_DIM=head_dim, **qk_blocks(head_dim, a.rotary_dim), HEAD_DIM_V=head_dim_v,
-        BLOCK_DV=head_block(head_dim_v),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, **constexprs,
+        HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, TMA=tma, **constexprs,
     )
     return out, lse

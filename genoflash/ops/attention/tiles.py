@@ -56,3 +56,18 @@ def _head_base(ptr, off_b, off_h, stride_b, stride_h):
 def _row_ptr(base, row, stride_row):
     """base advanced to sequence position `row`; row * stride can pass 2^31, so int64."""
     return base + tl.cast(row, tl.int64) * stride_row
+
+
+@triton.jit
+def _load_tile_tma(desc, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [row, row + BLOCK_ROWS) of (batch off_b, head off_h) through a TMA descriptor
+    (descriptors.py). The copy engine reads rows past the sequence end and channels past the
+    head dim as 0, as _load_tile's masks do."""
+    return desc.load([off_b, row, off_h, 0]).reshape(BLOCK_ROWS, BLOCK_D)
+
+
+@triton.jit
+def _store_tile_tma(desc, value, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The store twin of _load_tile_tma: rows past the sequence end and padded channels are
+    clipped by the copy engine, never written."""
+    desc.store([off_b, row, off_h, 0], value.reshape(1, BLOCK_ROWS, 1, BLOCK_D))

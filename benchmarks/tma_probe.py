@@ -1,0 +1,123 @@
+"""Probe: genoflash's kernels with TMA descriptors against pointer loads, beside cuDNN, on the H200.
+
+For each shape, forward and fwd+bwd, in one process:
+- `cudnn`: SDPA's cuDNN backend (the issue-5 reference peer);
+- `pointers`: genoflash with TMA forbidden (`use_tma(False)`), the kernels as they were;
+- `tma`: genoflash as shipped (descriptors in the forward and in the dQ pass);
+- `tma+dkdv_q`: also Q by TMA in the dK/dV pass (`descriptors.DKDV_Q_BY_TMA`).
+Every genoflash output is checked against cuDNN's (or the math backend's) before timing.
+TF/s: 4*B*H*N^2*D forward (2*N^2*(D+Dv) per head when Dv != D), halved when causal;
+fwd+bwd counts 3.5x the forward.
+
+    python benchmarks/tma_probe.py --out probe.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+
+import genoflash
+from genoflash.ops.attention import descriptors
+
+SHAPES = [  # (batch, nheads, seqlen, headdim, headdim_v, causal, extra kwargs)
+    (1, 16, 16384, 128, 128, False, {}),
+    (1, 16, 16384, 128, 128, True, {}),
+    (1, 32, 16384, 64, 64, False, {}),
+    (1, 8, 65536, 128, 128, False, {}),
+    (1, 8, 262144, 128, 128, False, {}),
+    (1, 8, 16384, 64, 192, False, {}),
+    (1, 8, 16384, 128, 192, False, {}),
+    (1, 8, 65536, 128, 128, False, {"window_size": (2048, 2048)}),
+    (1, 16, 16384, 128, 128, False, {"dropout_p": 0.1}),
+    (1, 16, 16384, 128, 128, False, {"softcap": 30.0}),
+]
+
+
+def sdpa(q, k, v, causal, backend):
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+
+
+def fwd_bwd(fn, q, k, v, dout):
+    def run():
+        out = fn(q, k, v)
+        out.backward(dout)
+    return run
+
+
+def main():
+    from torch.nn.attention import SDPBackend
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    rows = []
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=os.environ.get("GENOFLASH_COMMIT", "unknown"))
+    for (b, h, n, d, dv, causal, extra) in shapes:
+        torch.manual_seed(0)
+        q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(b, n, h, dv, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dout = torch.randn(b, n, h, dv, device="cuda", dtype=torch.bfloat16)
+        fwd_flops = 2 * b * h * n * n * (d + dv) / (2 if causal else 1)
+        if "window_size" in extra:  # useful FLOPs: each query sees at most left + right + 1 keys
+            left, right = extra["window_size"]
+            fwd_flops = 2 * b * h * n * min(n, left + right + 1) * (d + dv)
+        tag = dict(batch=b, nheads=h, seqlen=n, headdim=d, headdim_v=dv, causal=causal,
+                   features=json.dumps(extra, sort_keys=True))
+        ref = None
+        if not extra:
+            try:
+                with torch.no_grad():
+                    ref = sdpa(q, k, v, causal, SDPBackend.CUDNN_ATTENTION)
+            except RuntimeError:
+                ref = None
+
+        def timed(impl, fn, check=True):
+            row = dict(tag, impl=impl)
+            try:
+                with torch.no_grad():
+                    out = fn(q, k, v)
+                if check and ref is not None:
+                    row["max_err_vs_cudnn"] = (out.float() - ref.float()).abs().max().item()
+                ms = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=200)
+                ms_fb = triton.testing.do_bench(fwd_bwd(fn, q, k, v, dout), warmup=10, rep=200,
+                                                grad_to_none=[q, k, v])
+                row.update(fwd_ms=ms, fwd_tflops=fwd_flops / ms * 1e-9, fwd_bwd_ms=ms_fb,
+                           fwd_bwd_tflops=3.5 * fwd_flops / ms_fb * 1e-9)
+            except Exception as e:  # noqa: BLE001 - a probe reports what failed and goes on
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+
+        if not extra:
+            timed("cudnn", lambda a, b_, c: sdpa(a, b_, c, causal, SDPBackend.CUDNN_ATTENTION), check=False)
+
+        def geno(a, b_, c):
+            return genoflash.flash_attn_func(a, b_, c, causal=causal, **extra)
+
+        with descriptors.use_tma(False):
+            timed("pointers", geno)
+        timed("tma", geno)
+        descriptors.DKDV_Q_BY_TMA = True
+        try:
+            timed("tma+dkdv_q", geno)
+        finally:
+            descriptors.DKDV_Q_BY_TMA = False
+        with open(args.out, "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""TMA tensor descriptors for the attention kernels' tile loads and stores (Hopper and later).
+
+A descriptor describes a whole (batch, seqlen, heads, dim) tensor to the GPU's copy engine;
+a kernel then asks for a (1, rows, 1, dim-block) box at a coordinate and gets it into shared
+memory in one bulk copy, with no per-thread address arithmetic and no masks. Boxes that run
+past the sequence end or past the head dim are filled with zeros on load and clipped on
+store: exactly what the pointer loads' masks do, so both paths compute the same thing.
+Measured on the H200 (benchmarks/results/h200-2026-11-29-fwd-variants-6ab574d.json): a
+minimal forward at hd128 went from 491 TF/s with pointer loads to 532 with 4-D descriptors.
+
+Used where they apply: fixed-length batches (a varlen tile that runs past its sequence would
+read its neighbour, not zeros), no RoPE (its tiles are loaded as channel groups), and
+tensors whose base and strides meet the copy engine's 16-byte alignment. Everything else
+takes the pointer loads. Under the Triton interpreter descriptors work too, so CPU tests
+run this path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+
+from ...backends import triton_interpreted
+
+_enabled: contextvars.ContextVar[bool] = contextvars.ContextVar("genoflash_tma", default=True)
+
+
+@contextlib.contextmanager
+def use_tma(enabled: bool):
+    """Allow (True, the default) or forbid TMA descriptors in this block; tests use this to run
+    the pointer-load path on shapes that would otherwise take descriptors."""
+    token = _enabled.set(enabled)
+    try:
+        yield
+    finally:
+        _enabled.reset(token)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    # The copy engine needs a 16-byte aligned base, 16-byte aligned strides (all but the
+    # last) and a contiguous last dim.
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s > 0 and (s * size) % 16 == 0 for s in t.stride()[:-1]))
+
+
+def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:
+    if not _enabled.get() or varlen or rotary_dim:
+        return False
+    device = tensors[0].device
+    if not triton_interpreted():
+        if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+            return False
+    return all(t.dim() == 4 and _aligned(t) for t in tensors)
+
+
+def tile_descriptor(t: torch.Tensor, block_rows: int, block_d: int):
+    """Descriptor of a (batch, seqlen, heads, dim) tensor for (1, block_rows, 1, block_d) boxes."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, block_d])
+
+
+# The dK/dV pass streams Q and dO. Loading dO by TMA as well spilled registers or crashed ptxas
+# (triton 3.6, sm_90) at hd128; whether Q by TMA pays is measured (benchmarks/NOTES.md).
+DKDV_Q_BY_TMA = False
