@@ -141,21 +141,22 @@ def test_tma_descriptor_and_pointer_loads(tma, causal, seqlen_q, seqlen_k, headd
     sequence end and the head dim, and pointer loads with masks. In the head-dim-24 case q starts
     2 bytes past a 16-byte boundary, which the copy engine cannot take, so it must fall back to
     pointer loads even where TMA is allowed."""
-    from genoflash.ops.attention import backward, descriptors, forward
+    from genoflash.ops.attention import backward, forward
     from genoflash.ops.attention.descriptors import use_tma
 
     seen = []
     real_launch = forward.launch
     for module in (forward, backward):  # forward, dK/dV and dQ launches
         monkeypatch.setattr(module, "launch", lambda *a, **kw: (seen.append(kw["TMA"]), real_launch(*a, **kw)))
-    monkeypatch.setattr(descriptors, "DKDV_Q_BY_TMA", True)  # off by default on the GPU; covered here
     torch.manual_seed(seqlen_q + seqlen_k + headdim)
     q, k, v, dout = random_qkv(2, seqlen_q, seqlen_k, 2, headdim, torch.float16, device)
     k, v = (t.detach()[:, :, :nheads_k].clone().requires_grad_() for t in (k, v))  # GQA when nheads_k < 2
     misaligned = headdim == 24
     if misaligned:
         q = torch.randn(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape).requires_grad_()
-    with genoflash.use_backend("triton"), use_tma(tma):
+    # Q by TMA in the dK/dV pass too (the tile config's choice; off at hd128 on the GPU).
+    bwd = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64, dkdv_q_by_tma=True)
+    with genoflash.use_backend("triton"), use_tma(tma), override_configs(backward=bwd):
         got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal), q, k, v, dout)
     hopper = device.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
     assert seen == [tma and hopper and not misaligned] * 3

@@ -32,7 +32,6 @@ from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
-from . import descriptors
 from .descriptors import tile_descriptor, tma_applies
 from .tiles import _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
 
@@ -367,12 +366,14 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     blocks = qk_blocks(head_dim, a.rotary_dim)
     # TMA descriptors (descriptors.py) for the tiles each pass streams: K and V in dQ, and Q in dK/dV
-    # if descriptors.DKDV_Q_BY_TMA.
+    # where the tile config says so.
     tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, dout)
     shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, TMA=tma, **constexprs)
+    dkdv_tma = tma and cfg.dkdv_q_by_tma
     dkdv_desc, dq_descs = None, [None, None]
-    if tma:
+    if dkdv_tma:
         dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
+    if tma:
         dq_descs = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"]), tile_descriptor(v, cfg.dq.block_n, block_dv)]
 
     num_n_blocks = triton.cdiv(seqlen_k, cfg.dkdv.block_n)
@@ -383,7 +384,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
         stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
-        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **{**shared, "TMA": tma and descriptors.DKDV_Q_BY_TMA},
+        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **{**shared, "TMA": dkdv_tma},
     )
 
     num_m_blocks = triton.cdiv(seqlen_q, cfg.dq.block_m)

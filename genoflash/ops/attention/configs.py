@@ -28,6 +28,10 @@ class BackwardConfig:
     dkdv: TileConfig  # block_m: query rows streamed; block_n: key rows owned by a program
     dq: TileConfig  # block_m: query rows owned by a program; block_n: key rows streamed
     preprocess_block: int = 128
+    # Where TMA descriptors apply (descriptors.py), whether the dK/dV pass also streams Q
+    # through one (the dQ pass always streams K and V so). dO stays on pointer loads: by TMA
+    # as well, the 255-register dK/dV kernel spilled or crashed ptxas (triton 3.6, sm_90).
+    dkdv_q_by_tma: bool = False
 
 
 # Uneven on purpose (BLOCK_M != BLOCK_N), like the GPU tilings, so CPU tests cross the same kinds
@@ -79,14 +83,16 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
             return BackwardConfig(TileConfig(32, 64), TileConfig(64, 32))
         return BackwardConfig(TileConfig(16, 32), TileConfig(32, 16))
     # Measured on the H200 as the forward: dK/dV chosen first, then dQ with the best dK/dV.
+    # Q by TMA in dK/dV, measured (results/h200-2026-11-29-tma-probe-d32239f.json): hd64 fwd+bwd
+    # 342 -> 373 TF/s, (64, 192) 356 -> 370; hd128 438 vs 439 (no gain), (128, 192) 335 -> 310.
     if widest <= 64:
-        return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3))
+        return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True)
     if widest <= 128:
         return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3))
     if rotary_table_bytes:
         return BackwardConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2))
     if head_dim + head_dim_v <= 256:  # (64, 192): whole backward 9.3 ms at B1 H8 N16k
-        return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3))
+        return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True)
     if head_dim + head_dim_v <= 320:  # (128, 192), (192, 128): 13.9 / 14.1 ms
         return BackwardConfig(TileConfig(32, 128, 8, 2), TileConfig(128, 32, 8, 3))
     return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3))

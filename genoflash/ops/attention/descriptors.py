@@ -18,24 +18,26 @@ run this path.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 
 import torch
 
 from ...backends import triton_interpreted
 
-_enabled: contextvars.ContextVar[bool] = contextvars.ContextVar("genoflash_tma", default=True)
+# Process-wide, not a context variable: on CUDA, autograd runs the backward on its own thread,
+# where a context variable set around the forward call would not be seen.
+_enabled = True
 
 
 @contextlib.contextmanager
 def use_tma(enabled: bool):
-    """Allow (True, the default) or forbid TMA descriptors in this block; tests use this to run
-    the pointer-load path on shapes that would otherwise take descriptors."""
-    token = _enabled.set(enabled)
+    """Allow (True, the default) or forbid TMA descriptors in this block, in every thread; tests
+    and benchmarks use this to run the pointer-load path on shapes that would take descriptors."""
+    global _enabled
+    saved, _enabled = _enabled, enabled
     try:
         yield
     finally:
-        _enabled.reset(token)
+        _enabled = saved
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -47,7 +49,7 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:
-    if not _enabled.get() or varlen or rotary_dim:
+    if not _enabled or varlen or rotary_dim:
         return False
     device = tensors[0].device
     if not triton_interpreted():
@@ -61,8 +63,3 @@ def tile_descriptor(t: torch.Tensor, block_rows: int, block_d: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, block_d])
-
-
-# The dK/dV pass streams Q and dO. Loading dO by TMA as well spilled registers or crashed ptxas
-# (triton 3.6, sm_90) at hd128; whether Q by TMA pays is measured (benchmarks/NOTES.md).
-DKDV_Q_BY_TMA = False
