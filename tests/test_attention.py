@@ -7,6 +7,7 @@ On a GPU (scripts/gpu_tests.sh) the same tests run compiled, with bfloat16 added
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -167,6 +168,34 @@ def test_tma_descriptor_and_pointer_loads(tma, causal, seqlen_q, seqlen_k, headd
 
     truth, same = reference_pair(q, k, v, dout, fn=standard)
     assert_within_rule(got, truth, same)
+
+
+def test_launch_falls_back_to_pointer_loads_when_ptxas_fails():
+    """ptxas (triton 3.6, sm_90) crashed on some TMA kernel variants; the launcher must then run
+    the pointer-load variant, remember that, and re-raise only a failure that has no fallback."""
+    from triton.runtime.errors import PTXASError
+
+    from genoflash.ops.attention import launch as launcher
+
+    calls = []
+
+    class FakeKernel:
+        fn = types.SimpleNamespace(__name__="_fake_tma_kernel")
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constexprs):
+                calls.append(constexprs["TMA"])
+                if constexprs["TMA"] or constexprs.get("BROKEN"):
+                    raise PTXASError("ptxas died with SIGSEGV")
+            return run
+
+    cfg = TileConfig(64, 64, 4, 2)
+    launcher.launch(FakeKernel(), (1,), cfg, TMA=True)
+    launcher.launch(FakeKernel(), (1,), cfg, TMA=True)  # remembered: no second failed compile
+    assert calls == [True, False, False]
+    assert launcher.tma_fallbacks[-1] == "_fake_tma_kernel"
+    with pytest.raises(PTXASError):
+        launcher.launch(FakeKernel(), (1,), cfg, TMA=False, BROKEN=True)
 
 
 def test_reference_backend_is_standard_attention(device):

@@ -167,6 +167,9 @@ def _train_worker(rank, world, init_file, out_dir):
         everyone = [torch.empty_like(flat) for _ in range(world)]
         dist.all_gather(everyone, flat)
         assert all(torch.equal(everyone[0], f) for f in everyone)
+        # Ranks leave together: a rank that tears gloo down while its peer is still inside the
+        # last collective can abort the peer (SIGABRT, seen once on the GPU machine under load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
