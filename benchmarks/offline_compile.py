@@ -8,7 +8,8 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
 
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout or mamba (the
 selective scan); --fwd/--dkdv/--dq force tiles; --no-tma keeps pointer loads where TMA
-descriptors would apply.
+descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
+forces its tiles).
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def main(argv):
     parser.add_argument("--rotary-dim", type=int)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--no-tma", action="store_true", help="pointer loads where TMA descriptors would apply")
+    parser.add_argument("--fused", action="store_true", help="deterministic=False: dQ by atomics in the dK/dV pass")
+    parser.add_argument("--fused-dkdv", help="BM,BN,WARPS,STAGES of the fused dK/dV pass")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     JITFunction.run = _compile_only
@@ -149,16 +152,20 @@ def main(argv):
         return
     fwd = _tiles(args.fwd) if args.fwd else None
     bwd = None
-    if args.dkdv or args.dq:
+    if args.fused:
+        kw["deterministic"] = False
+    if args.dkdv or args.dq or args.fused_dkdv:
         gpu_default = bwd_cfg(d, dv, False, dtype, gpu, 4 if case in ("rope", "rope-dropout") else 2 if "rope" in case else 0,
                               "dropout" in case)
         bwd = configs.BackwardConfig(_tiles(args.dkdv) if args.dkdv else gpu_default.dkdv,
-                                     _tiles(args.dq) if args.dq else gpu_default.dq)
+                                     _tiles(args.dq) if args.dq else gpu_default.dq,
+                                     dkdv_q_by_tma=gpu_default.dkdv_q_by_tma,
+                                     fused_dkdv=_tiles(args.fused_dkdv) if args.fused_dkdv else None)
     with genoflash.use_backend("triton"), configs.override_configs(fwd, bwd):
         out = genoflash.flash_attn_func(q, k, v, **kw)
         out.backward(torch.randn_like(out))
     for name, warps, stages, kernel in COMPILED:
-        if name == "_attn_bwd_preprocess_kernel":
+        if name in ("_attn_bwd_preprocess_kernel", "_attn_bwd_dq_convert_kernel"):
             continue
         print(f"{case} {args.dtype} d={d} dv={dv} r={rotary_dim if 'rope' in case else 0} {name:<22} warps {warps} stages {stages} shared {kernel.metadata.shared:>7} "
               f"{ptxas_report(kernel)}")

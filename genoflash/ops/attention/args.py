@@ -31,6 +31,8 @@ class AttentionArgs:
     rotary_sin: torch.Tensor | None = None
     rotary_interleaved: bool = False
     dropout: DropoutArgs | None = None  # None: no dropout (p = 0 compiles without any dropout code)
+    # False: the triton backward may sum dQ with atomics (one pass fewer, not bitwise reproducible).
+    deterministic: bool = True
 
     @property
     def rotary_dim(self) -> int:

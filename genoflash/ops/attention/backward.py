@@ -27,7 +27,8 @@ from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .mask import _dropout_keep, _mask_scores
-from .rotary import _load_qk, _qk_dot, _qk_grad_update, _store_qk_grad
+from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _qk_dot, _qk_grad_update,
+                     _store_qk_grad)
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
@@ -63,7 +64,7 @@ def _attn_bwd_preprocess_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         q_desc, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                         q_desc, dq_base, stride_dqm, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -72,7 +73,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                          ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+                         INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr):
     """Accumulate one key tile's dK (unscaled, rotated frame, as groups a/b/p) and dV over
     query rows [lo, hi) of one head.
 
@@ -121,20 +122,27 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tanhT * tanhT)
-        dka, dkb, dkp = _qk_grad_update(dka, dkb, dkp, dsT.to(qp.dtype), qa, qb, qp, HEAD_DIM, ROTARY_DIM,
-                                        INPUT_PRECISION)
+        dsT = dsT.to(qp.dtype)
+        dka, dkb, dkp = _qk_grad_update(dka, dkb, dkp, dsT, qa, qb, qp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        if FUSED_DQ:  # deterministic=False: this pair of tiles' share of dQ = dS K, added atomically
+            zeros_r = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+            gqa, gqb, gqp = _qk_grad_update(zeros_r, zeros_r, tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32),
+                                            tl.trans(dsT), ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+            _atomic_add_qk_grad(_row_ptr(dq_base, start_m, stride_dqm), gqa, gqb, gqp, offs_m, seqlen_q - start_m,
+                                stride_dqm, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED)
     return dka, dkb, dkp, dv
 
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACCUM, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
+    stride_dqab, stride_dqam, stride_dqah,
     stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
@@ -143,7 +151,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -175,32 +183,35 @@ def _attn_bwd_dkdv_kernel(
         do_base = _row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), q_start, stride_dom)
         lse_base = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), q_start, 1)
         delta_base = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), q_start, 1)
+        dq_base = DQ_ACCUM  # unused unless FUSED_DQ
+        if FUSED_DQ:
+            dq_base = _row_ptr(_head_base(DQ_ACCUM, off_b, off_h, stride_dqab, stride_dqah), q_start, stride_dqam)
         slope_raw = 0.0
         if HAS_ALIBI:
             slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
         bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      q_desc, off_b, off_h, start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
+                                      q_desc, dq_base, stride_dqam, off_b, off_h, start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION, TMA)
+                                      True, INPUT_PRECISION, TMA, FUSED_DQ)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      q_desc, off_b, off_h, start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      q_desc, dq_base, stride_dqam, off_b, off_h, start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      False, INPUT_PRECISION, TMA)
+                                      False, INPUT_PRECISION, TMA, FUSED_DQ)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      q_desc, off_b, off_h, start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      q_desc, dq_base, stride_dqam, off_b, off_h, start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION, TMA)
+                                      True, INPUT_PRECISION, TMA, FUSED_DQ)
 
     # dk is w.r.t. the rotated keys; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
@@ -341,6 +352,32 @@ def _attn_bwd_dq_kernel(
                    ROTARY_INTERLEAVED)
 
 
+@triton.jit
+def _attn_bwd_dq_convert_kernel(
+    DQ_ACCUM, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, COS, SIN,
+    stride_ab, stride_am, stride_ah, stride_dqb, stride_dqm, stride_dqh, stride_rot,
+    nheads, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr,
+    IS_VARLEN: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
+):
+    """deterministic=False: dQ = softmax_scale * the atomically summed accumulator, unrotated
+    (with RoPE) and cast to q's dtype; one read and one write per element."""
+    start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, False)
+    q_start, seqlen_q, _, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q, seqlen_k,
+                                                      IS_VARLEN)
+    if start_m >= seqlen_q:
+        return
+    offs_m = tl.arange(0, BLOCK_M)
+    row = q_start + start_m
+    ga, gb, gp = _load_qk_grad_groups(_row_ptr(_head_base(DQ_ACCUM, off_b, off_h, stride_ab, stride_ah), row, stride_am),
+                                      offs_m, seqlen_q - start_m, stride_am, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                                      ROTARY_INTERLEAVED, BLOCK_M)
+    _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
+                   ga * softmax_scale, gb * softmax_scale, gp * softmax_scale, start_m + offs_m + (seqlen_k - seqlen_q),
+                   offs_m, seqlen_q - start_m, stride_dqm, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R,
+                   BLOCK_P, ROTARY_INTERLEAVED)
+
+
 def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     """Returns (dq, dk, dv) in the dtypes and layouts of q, k, v. All inputs have a contiguous last dim."""
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
@@ -369,23 +406,41 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     # where the tile config says so.
     tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, dout)
     shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, TMA=tma, **constexprs)
-    dkdv_tma = tma and cfg.dkdv_q_by_tma
+    dkdv_tma = tma and cfg.dkdv_q_by_tma and a.deterministic
     dkdv_desc, dq_descs = None, [None, None]
     if dkdv_tma:
         dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
     if tma:
         dq_descs = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"]), tile_descriptor(v, cfg.dq.block_n, block_dv)]
 
-    num_n_blocks = triton.cdiv(seqlen_k, cfg.dkdv.block_n)
-    launch(_attn_bwd_dkdv_kernel, (num_n_blocks * batch * nheads_k,), cfg.dkdv,
-        q, k, v, dout, lse, delta, dk, dv, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
-        dkdv_desc,
+    # deterministic=False: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
+    # accumulator by atomics (5 matmuls in all instead of 7: no dQ pass recomputing P and dP),
+    # and a light pass scales, unrotates and casts it.
+    fused = not a.deterministic
+    dkdv_cfg = (cfg.fused_dkdv or cfg.dkdv) if fused else cfg.dkdv
+    dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else dq
+    num_n_blocks = triton.cdiv(seqlen_k, dkdv_cfg.block_n)
+    launch(_attn_bwd_dkdv_kernel, (num_n_blocks * batch * nheads_k,), dkdv_cfg,
+        q, k, v, dout, lse, delta, dk, dv, dq_accum, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
+        a.rotary_sin, dkdv_desc,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
-        stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
+        *seq_strides(dq_accum, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
-        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, **{**shared, "TMA": dkdv_tma},
+        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, **{**shared, "TMA": dkdv_tma},
     )
+
+    if fused:
+        block = cfg.preprocess_block
+        num_m_conv = triton.cdiv(seqlen_q, block)
+        _attn_bwd_dq_convert_kernel[(num_m_conv * batch * nheads,)](
+            dq_accum, dq, a.cu_seqlens_q, a.cu_seqlens_k, a.rotary_cos, a.rotary_sin,
+            *seq_strides(dq_accum, a.varlen), *seq_strides(dq, a.varlen), a.rotary_stride,
+            nheads, seqlen_q, seqlen_k, num_m_conv, a.softmax_scale,
+            HEAD_DIM=head_dim, **blocks, BLOCK_M=block, IS_VARLEN=a.varlen, ROTARY_DIM=a.rotary_dim,
+            ROTARY_INTERLEAVED=a.rotary_interleaved,
+        )
+        return dq, dk, dv
 
     num_m_blocks = triton.cdiv(seqlen_q, cfg.dq.block_m)
     launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,

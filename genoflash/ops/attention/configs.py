@@ -32,6 +32,9 @@ class BackwardConfig:
     # through one (the dQ pass always streams K and V so). dO stays on pointer loads: by TMA
     # as well, the 255-register dK/dV kernel spilled or crashed ptxas (triton 3.6, sm_90).
     dkdv_q_by_tma: bool = False
+    # deterministic=False: the dK/dV pass also accumulates dQ (atomics), with its extra (BLOCK_M,
+    # D) float32 tile; None means the dkdv tiles.
+    fused_dkdv: TileConfig | None = None
 
 
 # Uneven on purpose (BLOCK_M != BLOCK_N), like the GPU tilings, so CPU tests cross the same kinds
@@ -85,14 +88,21 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     # Measured on the H200 as the forward: dK/dV chosen first, then dQ with the best dK/dV.
     # Q by TMA in dK/dV, measured (results/h200-2026-11-29-tma-probe-d32239f.json): hd64 fwd+bwd
     # 342 -> 373 TF/s, (64, 192) 356 -> 370; hd128 438 vs 439 (no gain), (128, 192) 335 -> 310.
+    # fused_dkdv (deterministic=False) tiles are chosen by the sm_90 compile report alone (no
+    # spills; benchmarks/offline_compile.py --fused), not yet timed: the dkdv tiles spill there.
     if widest <= 64:
-        return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True)
+        return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
+                              fused_dkdv=TileConfig(64, 128, 8, 3))
+    if widest <= 128 and not rotary_table_bytes:
+        return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3),
+                              fused_dkdv=TileConfig(32, 128, 8, 3))
     if widest <= 128:
         return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3))
     if rotary_table_bytes:
         return BackwardConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2))
     if head_dim + head_dim_v <= 256:  # (64, 192): whole backward 9.3 ms at B1 H8 N16k
-        return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True)
+        return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
+                              fused_dkdv=TileConfig(32, 128, 8, 2))
     if head_dim + head_dim_v <= 320:  # (128, 192), (192, 128): 13.9 / 14.1 ms
         return BackwardConfig(TileConfig(32, 128, 8, 2), TileConfig(128, 32, 8, 3))
     return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3))

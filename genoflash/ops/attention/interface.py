@@ -281,7 +281,7 @@ def _attend(q, k, v, args: AttentionArgs):
 
 def _attention_args(q, lengths_q: list[int], lengths_k: list[int], dropout_p, softmax_scale, causal, window_size,
                     softcap, alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
-                    **varlen) -> AttentionArgs:
+                    deterministic=True, **varlen) -> AttentionArgs:
     """Validate the non-tensor arguments shared by both public functions, once, into AttentionArgs.
     lengths_q/k are the per-sequence lengths (one entry for a fixed-length batch)."""
     left, right = _check_window(window_size, causal)
@@ -291,7 +291,7 @@ def _attention_args(q, lengths_q: list[int], lengths_k: list[int], dropout_p, so
         softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
         softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, batch, q.shape[-2], q.device),
         rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved,
-        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset), **varlen)
+        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset), deterministic=bool(deterministic), **varlen)
 
 
 def flash_attn_block_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, softcap=0.0):
@@ -363,8 +363,11 @@ def flash_attn_func(
             `genoflash.rotary_tables`; q and k are rotated inside the kernels (key j at position j,
             query i at i + seqlen_k - seqlen_q), the first rotary_dim channels of each head.
         rotary_interleaved: GPT-J pairs (2m, 2m+1) instead of NeoX halves (m, m + rotary_dim/2).
-        deterministic: accepted for flash-attn compatibility. Every genoflash backward is
-            deterministic (no atomics), so two backward passes are bitwise equal either way.
+        deterministic: True (the default): the triton backward writes every gradient element
+            from one program, without atomics, so two backward passes are bitwise equal. False:
+            the dK/dV pass also sums dQ with float32 atomics and the separate dQ pass (which
+            recomputes P and dP) is skipped; results then vary in the last bits from run to run.
+            The torch and reference backends are deterministic either way.
         return_attn_probs: flash-attn's testing output: returns (out, lse, None); the attention
             probabilities themselves are never materialised.
         return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
@@ -376,7 +379,8 @@ def flash_attn_func(
     """
     _check_qkv(q, k, v, varlen=False)
     args = _attention_args(q, [q.shape[1]], [k.shape[1]], dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset)
+                           alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
+                           deterministic)
     return _run(q, k, v, args, return_lse, return_attn_probs)
 
 
@@ -420,6 +424,6 @@ def flash_attn_varlen_func(
         raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}")
     args = _attention_args(q, lengths_q, lengths_k, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
-                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                           deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                            max_seqlen_k=max_seqlen_k)
     return _run(q, k, v, args, return_lse, return_attn_probs)

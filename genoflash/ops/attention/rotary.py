@@ -128,3 +128,49 @@ def _store_qk_grad(base, ga, gb, gp, positions, offs_row, n_rows, stride_row, CO
         ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, True)
         tl.store(ptrs_a, (ga * cos + gb * sin).to(base.dtype.element_ty), mask=mask)
         tl.store(ptrs_b, (gb * cos - ga * sin).to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _atomic_add_qk_grad(base, ga, gb, gp, offs_row, n_rows, stride_row, HEAD_DIM: tl.constexpr,
+                        ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                        INTERLEAVED: tl.constexpr):
+    """Add a gradient held as groups (float32, rotated frame) into a float32 accumulator laid
+    out like q, rows past n_rows and padded channels skipped. The accumulator stays in the
+    rotated frame; _load_qk_grad_groups + _store_qk_grad unrotate it once at the end.
+    Relaxed atomics: only the sum matters, not the order (which is why it is not deterministic)."""
+    if ROTARY_DIM < HEAD_DIM:
+        offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
+        ptrs = base + offs_row[:, None] * stride_row + offs_p[None, :]
+        mask = (offs_row[:, None] < n_rows) & (offs_p[None, :] < HEAD_DIM)
+        tl.atomic_add(ptrs, gp, mask=mask, sem="relaxed")
+    if ROTARY_DIM > 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
+        ptrs_a, mask = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, first, offs_r, ROTARY_DIM, True)
+        ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, True)
+        tl.atomic_add(ptrs_a, ga, mask=mask, sem="relaxed")
+        tl.atomic_add(ptrs_b, gb, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _load_qk_grad_groups(base, offs_row, n_rows, stride_row, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr,
+                         BLOCK_ROWS: tl.constexpr):
+    """Read a float32 gradient accumulator laid out like q back as its (a, b, p) groups, unrotated
+    as stored (the inverse of _atomic_add_qk_grad's placement); groups that do not exist are 0."""
+    offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
+    if ROTARY_DIM < HEAD_DIM:
+        p = _load_tile(base, offs_row, n_rows, stride_row, offs_p, HEAD_DIM, ROTARY_DIM + BLOCK_P, True)
+    else:
+        p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=tl.float32)
+    if ROTARY_DIM > 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
+        ptrs_a, mask = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, first, offs_r, ROTARY_DIM, True)
+        ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, True)
+        a = tl.load(ptrs_a, mask=mask, other=0.0)
+        b = tl.load(ptrs_b, mask=mask, other=0.0)
+    else:
+        a = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
+        b = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
+    return a, b, p

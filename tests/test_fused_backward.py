@@ -1,0 +1,134 @@
+"""deterministic=False: the triton backward's dK/dV pass also sums dQ with float32 atomics and the
+dQ pass is skipped. Every feature goes through that path too; each case is checked against a
+float64 reference under the error rule, forward and all gradients, and the launches are
+watched so that a silent fall back to the two-pass backward would fail the test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import genoflash
+from genoflash.ops.attention import backward
+from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
+from genoflash.rotary import rotary_tables
+
+from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
+from .conftest import HAS_CUDA
+from .test_masking import cu
+from .test_rotary import rope_then_attention
+
+DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
+
+pytestmark = pytest.mark.usefixtures("poison_allocations")
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Names of the backward's kernels launched, with their FUSED_DQ switch."""
+    seen = []
+    real_launch = backward.launch
+
+    def spy(kernel, grid, cfg, *args, **constexprs):
+        seen.append((kernel.fn.__name__, constexprs.get("FUSED_DQ")))
+        return real_launch(kernel, grid, cfg, *args, **constexprs)
+
+    monkeypatch.setattr(backward, "launch", spy)
+    return seen
+
+
+def qkv(shape_q, shape_k, dv, device):
+    q = torch.randn(*shape_q, device=device, dtype=DTYPE, requires_grad=True)
+    k = torch.randn(*shape_k, device=device, dtype=DTYPE, requires_grad=True)
+    v = torch.randn(*shape_k[:-1], dv, device=device, dtype=DTYPE, requires_grad=True)
+    dout = torch.randn(*shape_q[:-1], dv, device=device, dtype=DTYPE)
+    return q, k, v, dout
+
+
+FIXED_CASES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "window-narrower-than-a-tile": dict(window_size=(5, 3)),
+    "softcap+window": dict(softcap=3.0, window_size=(20, -1)),
+    "alibi+causal": dict(causal=True, alibi=True),
+}
+
+
+@pytest.mark.parametrize("case", FIXED_CASES, ids=str)
+@pytest.mark.parametrize("seqlen_q,seqlen_k,nheads_k", [(129, 97, 2), (1, 17, 1), (300, 300, 4)])
+def test_fused_backward_matches_reference(case, seqlen_q, seqlen_k, nheads_k, launches, device):
+    torch.manual_seed(60 + seqlen_q)
+    features = dict(FIXED_CASES[case])
+    if features.pop("alibi", False):
+        features["alibi_slopes"] = torch.rand(4, device=device, dtype=torch.float32) * 0.3
+    q, k, v, dout = qkv((2, seqlen_q, 4, 40), (2, seqlen_k, nheads_k, 40), 24, device)
+    with genoflash.use_backend("triton"):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, deterministic=False, **features),
+                                q, k, v, dout)
+    assert launches == [("_attn_bwd_dkdv_kernel", True)]  # one pass, dQ fused into it
+
+    def standard(a, b, c):
+        group = a.shape[2] // b.shape[2]
+        return attention_reference(a, b.repeat_interleave(group, 2), c.repeat_interleave(group, 2), **features)[0]
+
+    truth, same = reference_pair(q, k, v, dout, fn=standard)
+    assert_within_rule(got, truth, same)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fused_backward_varlen(causal, launches, device):
+    torch.manual_seed(61)
+    lens_q, lens_k = [1, 17, 300, 5], [40, 3, 129, 5]
+    cu_q, cu_k = cu(lens_q, device), cu(lens_k, device)
+    q, k, v, dout = qkv((sum(lens_q), 4, 32), (sum(lens_k), 2, 32), 32, device)
+    with genoflash.use_backend("triton"):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(
+            a, b, c, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, deterministic=False), q, k, v, dout)
+    assert launches == [("_attn_bwd_dkdv_kernel", True)]
+
+    def standard(a, b, c):
+        return attention_reference_varlen(a, b.repeat_interleave(2, 1), c.repeat_interleave(2, 1), cu_q, cu_k,
+                                          causal=causal)[0]
+
+    truth, same = reference_pair(q, k, v, dout, fn=standard)
+    assert_within_rule(got, truth, same)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+@pytest.mark.parametrize("d,rotary_dim", [(64, 64), (40, 24)])
+def test_fused_backward_unrotates_dq(interleaved, d, rotary_dim, launches, device):
+    """With RoPE the accumulator holds dQ in the rotated frame; the convert pass must unrotate it."""
+    torch.manual_seed(62)
+    cos, sin = rotary_tables(80, rotary_dim, device=device, dtype=torch.float32)
+    q, k, v, dout = qkv((2, 77, 2, d), (2, 77, 2, d), d, device)
+    kw = dict(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved, causal=True)
+    with genoflash.use_backend("triton"):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, deterministic=False, **kw),
+                                q, k, v, dout)
+    assert launches == [("_attn_bwd_dkdv_kernel", True)]
+    truth, same = reference_pair(q, k, v, dout, fn=rope_then_attention(cos, sin, interleaved, causal=True))
+    assert_within_rule(got, truth, same)
+
+
+def test_fused_backward_with_dropout_equals_the_two_pass_backward(device):
+    """Same seed, same mask: the fused and two-pass backward agree up to summation order."""
+    torch.manual_seed(63)
+    q, k, v, dout = qkv((2, 129, 4, 32), (2, 97, 2, 32), 32, device)
+    grads = {}
+    for det in (True, False):
+        with genoflash.use_backend("triton"):
+            grads[det] = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
+                a, b, c, dropout_p=0.2, dropout_seed=5, causal=True, deterministic=det), q, k, v, dout)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), grads[True], grads[False]):
+        assert not torch.isnan(b).any(), name
+        scale = a.float().abs().max().item()
+        assert (a.float() - b.float()).abs().max().item() <= 4e-3 * scale, name
+    assert not torch.equal(grads[True][1], torch.zeros_like(grads[True][1]))
+
+
+def test_default_is_the_deterministic_two_pass_backward(launches, device):
+    torch.manual_seed(64)
+    q, k, v, dout = qkv((1, 65, 2, 32), (1, 65, 2, 32), 32, device)
+    with genoflash.use_backend("triton"):
+        outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c), q, k, v, dout)
+    assert launches == [("_attn_bwd_dkdv_kernel", False), ("_attn_bwd_dq_kernel", None)]
