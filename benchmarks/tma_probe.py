@@ -3,8 +3,10 @@
 For each shape, forward and fwd+bwd, in one process:
 - `cudnn`: SDPA's cuDNN backend (the issue-5 reference peer);
 - `pointers`: genoflash with TMA forbidden (`use_tma(False)`), the kernels as they were;
-- `tma`: genoflash as shipped (descriptors in the forward and in the dQ pass);
-- `tma+dkdv_q`: also Q by TMA in the dK/dV pass (`descriptors.DKDV_Q_BY_TMA`).
+- `tma`: genoflash as shipped (descriptors in the forward and in the dQ pass; Q by TMA in the
+  dK/dV pass where the tile config says so);
+- `tma+fused-bwd`: `deterministic=False`, the one-pass backward with dQ by atomics.
+(At d32239f a third mode, Q by TMA in dK/dV everywhere, gave the figures in NOTES.md.)
 Every genoflash output is checked against cuDNN's (or the math backend's) before timing.
 TF/s: 4*B*H*N^2*D forward (2*N^2*(D+Dv) per head when Dv != D), halved when causal;
 fwd+bwd counts 3.5x the forward.
@@ -107,14 +109,13 @@ def main():
         def geno(a, b_, c):
             return genoflash.flash_attn_func(a, b_, c, causal=causal, **extra)
 
+        def geno_fused(a, b_, c):
+            return genoflash.flash_attn_func(a, b_, c, causal=causal, deterministic=False, **extra)
+
         with descriptors.use_tma(False):
             timed("pointers", geno)
         timed("tma", geno)
-        descriptors.DKDV_Q_BY_TMA = True
-        try:
-            timed("tma+dkdv_q", geno)
-        finally:
-            descriptors.DKDV_Q_BY_TMA = False
+        timed("tma+fused-bwd", geno_fused)
         with open(args.out, "w") as f:
             json.dump(dict(meta, rows=rows), f, indent=1)
 
