@@ -17,6 +17,7 @@ from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
+from .descriptors import tile_descriptor, tma_applies
 from .launch import launch
 from .mask import _dropout_keep, _mask_scores
 from .rotary import _load_qk, _qk_dot
@@ -24,7 +25,6 @@ from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 from .tile_scheduler import _tile_of_program
-from .descriptors import tile_descriptor, tma_applies
 from .tiles import _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile, _store_tile_tma
 
 
