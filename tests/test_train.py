@@ -137,6 +137,9 @@ def test_grad_accum_flag_and_stream_length():
     assert TrainConfig().grad_accum == 1
     assert len(build_datasets(cfg)[0]) == 5 * 3 * 4  # every micro-batch reads its own samples
     assert list(micro_batch_starts(2, cfg)) == [24, 27, 30, 33]  # (step * grad_accum + j) * batch_size
+    runs = demo.configs(demo.build_parser().parse_args(["--quick", "--device", "cpu", "--grad-accum", "3"]))
+    assert [c.grad_accum for c in runs.values()] == [3, 3]
+    assert demo.configs(demo.build_parser().parse_args(["--device", "cpu"]))["full attention"].grad_accum == 1
 
 
 def test_auroc_hand_computed():
