@@ -152,13 +152,14 @@ LM = dict(task="lm", dim=32, depth=2, nheads=2, seq_len=48, batch_size=2, steps=
           log_every=1, warmup_steps=1, progress=False, layer_pattern="G", device="cpu")  # gloo ranks: CPU tensors
 
 
-def _train_worker(rank, world, init_file, out_dir):
+def _train_worker(rank, world, init_file, out_dir, overrides=None):
     from genoflash.train import TrainConfig, train
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
-        result = train(TrainConfig(**LM, fasta=FASTA, context_parallel=True, out_dir=out_dir))
+        result = train(TrainConfig(**{**LM, **(overrides or {})}, fasta=FASTA, context_parallel=True,
+                                   out_dir=out_dir))
         if rank == 0:
             torch.save({"history": result["history"], "state": result["model"].state_dict()},
                        os.path.join(out_dir, "result.pt"))
@@ -174,12 +175,16 @@ def _train_worker(rank, world, init_file, out_dir):
         dist.destroy_process_group()
 
 
-def test_context_parallel_training_equals_single_process(tmp_path):
-    """Two gloo ranks, each holding half of every sequence, train the same model as one process."""
+@pytest.mark.parametrize("cp_overrides", [{}, dict(batch_size=1, grad_accum=2)], ids=["batch", "grad-accum"])
+def test_context_parallel_training_equals_single_process(tmp_path, cp_overrides):
+    """Two gloo ranks, each holding half of every sequence, train the same model as one process;
+    also when they accumulate two micro-batches of 1 per step (summing gradients over the group
+    once per step) against one process's batches of 2."""
     from genoflash.train import TrainConfig, train
 
     single = train(TrainConfig(**LM, fasta=FASTA, out_dir=str(tmp_path / "single")))
-    mp.spawn(_train_worker, args=(2, str(tmp_path / "rendezvous"), str(tmp_path / "cp")), nprocs=2, join=True)
+    mp.spawn(_train_worker, args=(2, str(tmp_path / "rendezvous"), str(tmp_path / "cp"), cp_overrides), nprocs=2,
+             join=True)
     cp = torch.load(tmp_path / "cp" / "result.pt", weights_only=False)
     losses = [h["loss"] for h in single["history"] if "loss" in h and "eval" not in h]
     cp_losses = [h["loss"] for h in cp["history"] if "loss" in h and "eval" not in h]

@@ -25,8 +25,9 @@ def test_loss_decreases(tmp_path):
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.05
 
 
-def test_resume_is_bitwise_exact(tmp_path):
-    cfg = dict(TINY, steps=8, checkpoint_every=100)
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_resume_is_bitwise_exact(tmp_path, grad_accum):
+    cfg = dict(TINY, steps=8, checkpoint_every=100, batch_size=8 // grad_accum, grad_accum=grad_accum)
     straight = train(TrainConfig(**cfg, out_dir=str(tmp_path / "a")))["model"]
     train(TrainConfig(**cfg, stop_at=4, out_dir=str(tmp_path / "b")))
     resumed = train(TrainConfig(**cfg, resume=True, out_dir=str(tmp_path / "b")))["model"]
@@ -45,6 +46,100 @@ def test_yaml_config_and_flag_override(tmp_path):
     path.write_text(yaml.safe_dump({"stepz": 7}))
     with pytest.raises(ValueError, match="stepz"):
         config_from_args(build_parser().parse_args(["--config", str(path)]))
+
+
+# ---------------------------------------------------------------- gradient accumulation
+
+def _run(out_dir, train_data, **overrides) -> tuple[list[dict], dict, list[torch.Tensor]]:
+    """Train on `train_data`; the per-step log records, the final weights, and AdamW's first
+    moments from the checkpoint (after one step, 0.1 x the step's gradient, so they check the
+    gradient itself, which AdamW's update, invariant to the gradient's scale, would not)."""
+    cfg = TrainConfig(**{**TINY, "warmup_steps": 1, "out_dir": str(out_dir), **overrides})
+    result = train(cfg, train_data=train_data, eval_data=train_data)
+    steps = [h for h in result["history"] if "eval" not in h]
+    optimizer = torch.load(out_dir / "checkpoint.pt", weights_only=False)["optimizer"]
+    moments = [optimizer["state"][i]["exp_avg"] for i in sorted(optimizer["state"])]
+    return steps, result["model"].state_dict(), moments
+
+
+def _assert_same_training(a, b):
+    (steps_a, weights_a, moments_a), (steps_b, weights_b, moments_b) = a, b
+    assert [h["step"] for h in steps_a] == [h["step"] for h in steps_b]
+    assert [h["loss"] for h in steps_a] == pytest.approx([h["loss"] for h in steps_b], rel=1e-5)
+    norms_a, norms_b = ([h.get("grad_norm", 0.0) for h in steps] for steps in (steps_a, steps_b))
+    assert norms_a == pytest.approx(norms_b, rel=1e-5)  # the pre-clip norm of the accumulated gradient
+    for x, y in zip(moments_a, moments_b):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-7)
+    for name in weights_a:
+        torch.testing.assert_close(weights_a[name], weights_b[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 0.1])  # 0.1: the pre-clip norms are ~0.2-0.9, so clipping acts
+def test_grad_accum_equals_one_large_batch(tmp_path, grad_clip):
+    # Two steps over 16 fixed samples: batch 8, or 2 x 4, or 4 x 2 per step, must train the
+    # same model (fp32 on the CPU; only the summation order differs). Step 1 (samples 8-15)
+    # checks that the micro-batches read (step * grad_accum + j) * batch_size onwards.
+    data = SyntheticLongRangeDataset(16, 192, 24, seed=0)
+    one = _run(tmp_path / "8x1", data, batch_size=8, grad_accum=1, steps=2, grad_clip=grad_clip)
+    for batch_size, grad_accum in ((4, 2), (2, 4)):
+        name = f"{batch_size}x{grad_accum}"
+        _assert_same_training(one, _run(tmp_path / name, data, batch_size=batch_size, grad_accum=grad_accum,
+                                        steps=2, grad_clip=grad_clip))
+    if grad_clip:
+        assert one[0][0]["grad_norm"] > grad_clip  # the clip acted, once, on the accumulated gradient
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """LM items whose targets are ignored (-100) in varying numbers: items 0-1 have none counted,
+    so the micro-batches of a step count different numbers of tokens."""
+
+    def __init__(self, n=8, length=32):
+        g = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(4, 8, (n, length), generator=g)
+        self.labels = torch.randint(4, 8, (n, length), generator=g)
+        for i in range(n):
+            self.labels[i, : [length, length, 5, 0, 20, 9, 1, 30][i % 8]] = -100
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.tokens[i], "labels": self.labels[i]}
+
+
+def test_grad_accum_weights_lm_micro_batches_by_counted_tokens(tmp_path):
+    # The LM loss is a mean over the counted (non -100) tokens; micro-batches weighted by their
+    # token counts give the mean over the whole effective batch, even with a micro-batch of none.
+    lm = dict(task="lm", fasta="unused.fa", layer_pattern="G", seq_len=32, steps=2, grad_clip=0.0)
+    data = TokenDataset()
+    one = _run(tmp_path / "4x1", data, **lm, batch_size=4, grad_accum=1)
+    _assert_same_training(one, _run(tmp_path / "2x2", data, **lm, batch_size=2, grad_accum=2))
+    _assert_same_training(one, _run(tmp_path / "1x4", data, **lm, batch_size=1, grad_accum=4))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_grad_accum_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match=r"grad_accum \(micro-batches per optimizer step\) must be a positive integer"):
+        TrainConfig(grad_accum=bad)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1"])
+def test_grad_accum_flag_rejects_non_positive(bad):
+    with pytest.raises(ValueError, match=f"must be a positive integer, got {bad}"):
+        config_from_args(build_parser().parse_args(["--grad-accum", bad]))
+
+
+def test_grad_accum_flag_and_stream_length():
+    from genoflash.train.trainer import build_datasets, micro_batch_starts
+
+    cfg = config_from_args(build_parser().parse_args(["--grad-accum", "4", "--batch-size", "3", "--steps", "5"]))
+    assert (cfg.grad_accum, cfg.batch_size) == (4, 3)
+    assert TrainConfig().grad_accum == 1
+    assert len(build_datasets(cfg)[0]) == 5 * 3 * 4  # every micro-batch reads its own samples
+    assert list(micro_batch_starts(2, cfg)) == [24, 27, 30, 33]  # (step * grad_accum + j) * batch_size
+    runs = demo.configs(demo.build_parser().parse_args(["--quick", "--device", "cpu", "--grad-accum", "3"]))
+    assert [c.grad_accum for c in runs.values()] == [3, 3]
+    assert demo.configs(demo.build_parser().parse_args(["--device", "cpu"]))["full attention"].grad_accum == 1
 
 
 def test_auroc_hand_computed():

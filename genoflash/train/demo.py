@@ -31,14 +31,15 @@ from .trainer import TrainConfig, resolve_device, train
 
 # Sizes per device. Elements are `sites` x 16-base motifs; local reach (see `local_reach`) must
 # stay below the gap between the elements, distance - sites * (16 + spacer).
+# grad_accum: micro-batches of batch_size per optimizer step (the effective batch is the product).
 CPU_DEFAULTS = dict(seq_len=224, distance=112, sites=4, spacer=0, margin=16, window_size=8, steps=300,
-                    batch_size=16, dim=128)
+                    batch_size=16, grad_accum=1, dim=128)
 # At 32 kb, 64 sites (1,280-bp elements) with 600 steps of 8 stayed at chance on an H200
 # (2026-11-29); these are larger elements and more samples per step.
 GPU_DEFAULTS = dict(seq_len=32768, distance=16384, sites=128, spacer=4, margin=512, window_size=1024, steps=400,
-                    batch_size=16, dim=128)
-QUICK = dict(seq_len=192, distance=96, sites=2, spacer=0, margin=16, window_size=4, steps=6, batch_size=4, dim=16,
-             eval_samples=16)
+                    batch_size=16, grad_accum=1, dim=128)
+QUICK = dict(seq_len=192, distance=96, sites=2, spacer=0, margin=16, window_size=4, steps=6, batch_size=4,
+             grad_accum=1, dim=16, eval_samples=16)
 
 
 def local_reach(depth: int, window_size: int, stem_kernel: int = STEM_KERNEL) -> int:
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     for name in ("seq_len", "distance", "sites", "spacer", "margin", "window_size", "steps", "batch_size", "dim"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, help="override the device default")
+    parser.add_argument("--grad-accum", type=int, help="micro-batches of --batch-size per optimizer step "
+                        "(effective batch = batch size x grad accum); overrides the device default of 1")
     return parser
 
 
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"long-range task: {first.seq_len} bp; enhancer and promoter elements ({first.sites} sites, "
           f"{element} bp each) {first.distance} bp apart; local model's window {first.window_size} "
           f"(reach {local_reach(first.depth, first.window_size)} bp each side); "
-          f"{first.steps} steps of {first.batch_size} on {first.device}")
+          f"{first.steps} steps of {first.batch_size}"
+          f"{f' x {first.grad_accum} micro-batches' if first.grad_accum > 1 else ''} on {first.device}")
     summary, curves = {}, {}
     for name, cfg in runs.items():
         start = time.perf_counter()

@@ -9,15 +9,25 @@ Two tasks:
 
 What makes a long job safe to stop and restart:
 
-- The data stream is a pure function of (seed, step): batch ``s`` holds items
-  ``s * batch_size ... (s + 1) * batch_size - 1`` of a lazily generated dataset, so a
-  resumed run reads exactly the batches the uninterrupted run would have.
+- The data stream is a pure function of (seed, step): micro-batch ``j`` of step ``s`` holds
+  items ``(s * grad_accum + j) * batch_size ...`` (``batch_size`` of them) of a lazily
+  generated dataset, so a resumed run reads exactly the batches the uninterrupted run would
+  have.
 - ``out_dir/checkpoint.pt`` holds the model, optimizer, scheduler, the torch / numpy /
   python RNG states and the step (which is also the data position); it is written to a
   temporary file and renamed, so a crash mid-write never leaves a broken checkpoint.
   ``--resume`` continues bit for bit (on CPU; CUDA kernels may differ in the last bits).
 - A sample that raises is logged once and replaced by the next index that loads
   (deterministically, so resume still matches); ``--strict`` makes it fatal instead.
+
+Gradient accumulation (``--grad-accum``): one optimizer step runs ``grad_accum``
+micro-batches of ``batch_size`` sequences, forward and backward one at a time, so the
+effective batch is ``batch_size * grad_accum`` at the memory of one micro-batch. Each
+micro-batch's mean loss is weighted by its share of the step's counted targets (1 /
+grad_accum when, as on the synthetic task, every micro-batch counts the same), so the
+gradient is that of one batch of ``batch_size * grad_accum``; the gradient is clipped once,
+after accumulation. Under ``--context-parallel`` the ranks accumulate their shards' gradients
+and sum them over the group once per step.
 
 Sequence-length warmup (``--seq-len-warmup``, as in HyenaDNA) trains on the first
 ``seq_len_start`` tokens of each window and doubles the length in equal stages over the
@@ -80,7 +90,8 @@ class TrainConfig:
     spacer: int = _option(0, "synthetic: extra bases per site's slot (each copy jitters within it)")
     margin: int = _option(64, "synthetic: bases kept free of elements at each end")
     steps: int = _option(300, "optimizer steps")
-    batch_size: int = _option(16, "sequences per step")
+    batch_size: int = _option(16, "sequences per micro-batch (per step when grad_accum is 1)")
+    grad_accum: int = _option(1, "micro-batches per optimizer step: the effective batch is batch_size x grad_accum")
     lr: float = _option(3e-3, "peak learning rate")
     min_lr: float = _option(3e-4, "learning rate at the end of the cosine decay")
     weight_decay: float = _option(0.01, "AdamW weight decay")
@@ -110,6 +121,9 @@ class TrainConfig:
             raise ValueError("the lm task needs --fasta")
         if self.steps <= 0 or self.batch_size <= 0:
             raise ValueError("steps and batch_size must be positive")
+        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+            raise ValueError(f"grad_accum (micro-batches per optimizer step) must be a positive integer, "
+                             f"got {self.grad_accum!r}")
         if self.context_parallel and self.task != "lm":
             raise ValueError("context_parallel shards long sequences of the lm task; the synthetic "
                              "classifier pools over the whole sequence and is not supported")
@@ -239,8 +253,9 @@ def _as_pair(item) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
-    """(train, held-out) datasets, both lazy: the train stream has steps * batch_size items."""
-    n_train = cfg.steps * cfg.batch_size
+    """(train, held-out) datasets, both lazy: the train stream has steps * batch_size * grad_accum
+    items (every micro-batch of every step reads its own)."""
+    n_train = cfg.steps * cfg.batch_size * cfg.grad_accum
     if cfg.task == "synthetic":
         grammar = MotifGrammar.random(n_families=cfg.n_families, motif_length=cfg.motif_length, seed=cfg.seed)
         shape = dict(grammar=grammar, margin=cfg.margin, sites=cfg.sites, spacer=cfg.spacer)
@@ -292,11 +307,14 @@ def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, device
 
 # ---------------------------------------------------------------- checkpoints
 
-def save_checkpoint(path: pathlib.Path, model, optimizer, scheduler, step: int) -> None:
-    """Everything needed to continue exactly; written to a temp file, then renamed (atomic)."""
+def save_checkpoint(path: pathlib.Path, model, optimizer, scheduler, step: int, batch_size: int | None = None,
+                    grad_accum: int = 1) -> None:
+    """Everything needed to continue exactly; written to a temp file, then renamed (atomic).
+    ``data_position`` is the step; ``batch_size`` and ``grad_accum`` say how many samples each
+    step read, so a resume with other values can be told apart."""
     state = {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "step": step, "data_position": step,
+        "step": step, "data_position": step, "batch_size": batch_size, "grad_accum": grad_accum,
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
     }
@@ -305,9 +323,18 @@ def save_checkpoint(path: pathlib.Path, model, optimizer, scheduler, step: int) 
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: pathlib.Path, model, optimizer, scheduler) -> int:
-    """Restore the states saved by `save_checkpoint`; returns the step to continue from."""
+def load_checkpoint(path: pathlib.Path, model, optimizer, scheduler, cfg: TrainConfig | None = None) -> int:
+    """Restore the states saved by `save_checkpoint`; returns the step to continue from.
+    With `cfg`, warns when the checkpoint's batch_size or grad_accum differ from it (the run
+    then reads other samples than the uninterrupted one would have)."""
     state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: RNG states need pickle
+    if cfg is not None:
+        for key in ("batch_size", "grad_accum"):
+            saved = state.get(key)
+            if saved is not None and saved != getattr(cfg, key):
+                logger.warning("%s: the checkpoint was written with %s=%s, this run has %s; the data stream "
+                               "continues at the new position, not where the interrupted run would have read",
+                               path, key, saved, getattr(cfg, key))
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -375,7 +402,7 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     checkpoint_path, log_path = out_dir / CHECKPOINT_NAME, out_dir / LOG_NAME
     start = 0
     if cfg.resume and checkpoint_path.exists():
-        start = load_checkpoint(checkpoint_path, model, optimizer, scheduler)
+        start = load_checkpoint(checkpoint_path, model, optimizer, scheduler, cfg)
         logger.info("resumed from %s at step %d", checkpoint_path, start)
     history = _restart_log(log_path, start) if main_rank else []
     last = min(cfg.steps, cfg.stop_at or cfg.steps)
@@ -392,28 +419,41 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
         task = bar.add_task(f"{cfg.task} {cfg.layer_pattern}", total=last, completed=start, info="")
         for step in range(start, last):
             length = seq_len_at(step, cfg)
-            indices = range(step * cfg.batch_size, (step + 1) * cfg.batch_size)
-            tokens, targets = (t.to(device) for t in train_fetch.batch(indices, length))
+            micro_batches = [train_fetch.batch(range(first, first + cfg.batch_size), length)
+                             for first in micro_batch_starts(step, cfg)]
+            # Each micro-batch's mean loss, weighted by its share of the step's counted targets,
+            # sums to the mean over the whole effective batch (weights 1 / grad_accum when every
+            # micro-batch counts the same, as classification labels always do).
+            counts = [_counted(targets) for _, targets in micro_batches]
+            total = sum(counts)
             optimizer.zero_grad(set_to_none=True)
-            if cp is None:
-                with _autocast(device):
-                    loss = model(tokens, targets)["loss"]
-                loss.backward()
-            else:
-                with _autocast(device):
-                    local = cp.mean_loss(model(cp.shard(tokens))["logits"], cp.shard(targets))
-                local.backward()
-                cp.sum_gradients(model)  # every rank now holds the full-sequence gradient
-                loss = torch.tensor(cp.global_value(local))
+            loss = torch.zeros((), device=device)
+            for (tokens, targets), count in zip(micro_batches, counts):
+                tokens_seen += tokens.numel()
+                if count == 0:  # nothing to learn from (every target ignored): no NaN mean, no gradient
+                    continue
+                weight = count / total
+                tokens, targets = tokens.to(device), targets.to(device)
+                if cp is None:
+                    with _autocast(device):
+                        micro_loss = model(tokens, targets)["loss"]
+                    (micro_loss * weight).backward()
+                    loss += micro_loss.detach().float() * weight
+                else:
+                    with _autocast(device):
+                        local = cp.mean_loss(model(cp.shard(tokens))["logits"], cp.shard(targets))
+                    (local * weight).backward()
+                    loss += cp.global_value(local) * weight
+            if cp is not None:
+                cp.sum_gradients(model)  # once per step: every rank now holds the full-sequence gradient
             grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                          if cfg.grad_clip > 0 else None)
             optimizer.step()
             scheduler.step()
-            tokens_seen += tokens.numel()
             done = step + 1
             if done % cfg.log_every == 0 or done == last:
                 elapsed = time.perf_counter() - tick
-                entry = {"step": done, "loss": loss.item(), "lr": scheduler.get_last_lr()[0],
+                entry = {"step": done, "loss": loss.item() if total else math.nan, "lr": scheduler.get_last_lr()[0],
                          "seq_len": length, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
                          "skipped_samples": len(train_fetch.failed)}
                 if grad_norm is not None:
@@ -429,13 +469,25 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
                 if on_eval is not None:
                     on_eval(done, metrics)
             if main_rank and (done == last or done % cfg.checkpoint_every == 0):
-                save_checkpoint(checkpoint_path, model, optimizer, scheduler, done)
+                save_checkpoint(checkpoint_path, model, optimizer, scheduler, done, cfg.batch_size, cfg.grad_accum)
             bar.update(task, completed=done)
 
     evals = [h["eval"] for h in history if "eval" in h]
     if main_rank:
         plot_curves(history, out_dir / PLOT_NAME, title=f"{cfg.task} ({cfg.layer_pattern})")
     return {"final": evals[-1] if evals else {}, "history": history, "model": model}
+
+
+def micro_batch_starts(step: int, cfg: TrainConfig) -> range:
+    """First sample index of each micro-batch of `step`: (step * grad_accum + j) * batch_size."""
+    first = step * cfg.grad_accum * cfg.batch_size
+    return range(first, first + cfg.grad_accum * cfg.batch_size, cfg.batch_size)
+
+
+def _counted(targets: torch.Tensor) -> int:
+    """Targets the mean loss averages over: every label of a classification batch, the
+    non-ignored (-100) ones of an LM batch."""
+    return len(targets) if targets.dim() == 1 else int((targets != -100).sum())
 
 
 def _join_context_parallel_group(device: torch.device) -> torch.device:
