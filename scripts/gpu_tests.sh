@@ -4,7 +4,8 @@
 # what it lacks (pyfaidx) and ../shared/data are carried: run scripts/device_carry.sh here and pass
 # carry=[".whl", ".carry"]. Without TRITON_INTERPRET the `triton` backend runs compiled, bf16 is
 # added to every dtype grid, and the GPU-only scale tests (tests/test_gpu_scale.py) run.
-# With $OUT set, the log and a JUnit report are written there.
+# With $OUT set, the log and a JUnit report are written there. Arguments go to pytest, e.g.
+# `bash scripts/gpu_tests.sh tests/test_attention.py` for one file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -23,5 +24,6 @@ print(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='s
 print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
       f"cuda {torch.version.cuda}  commit {commit or 'unknown'}")
 PY
-python3 -m pytest tests -q -p no:cacheprovider -n "${GENOFLASH_TEST_WORKERS:-8}" -rfE --durations=10 \
+# No path given: pyproject's testpaths (tests/). Paths or -k given as arguments narrow the run.
+python3 -m pytest -q -p no:cacheprovider -n "${GENOFLASH_TEST_WORKERS:-8}" -rfE --durations=10 \
     --junitxml "$out_dir/gpu_tests.xml" "$@" 2>&1 | tee "$out_dir/gpu_tests.log"
