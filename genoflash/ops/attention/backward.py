@@ -64,7 +64,8 @@ def _attn_bwd_preprocess_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         q_desc, dq_base, stride_dqm, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                         q_desc, dq_base, stride_dqm, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k, window_left,
+                         window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -191,22 +192,25 @@ def _attn_bwd_dkdv_kernel(
             slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
         bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
-        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      q_desc, dq_base, stride_dqam, off_b, off_h, start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
+        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, stride_dqam, off_b, off_h,
+                                      start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, INPUT_PRECISION, TMA, FUSED_DQ)
-        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      q_desc, dq_base, stride_dqam, off_b, off_h, start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
+        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, stride_dqam, off_b, off_h,
+                                      start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       False, INPUT_PRECISION, TMA, FUSED_DQ)
-        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                      q_desc, dq_base, stride_dqam, off_b, off_h, start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
+        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, stride_dqam, off_b, off_h,
+                                      start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
@@ -369,8 +373,8 @@ def _attn_bwd_dq_convert_kernel(
         return
     offs_m = tl.arange(0, BLOCK_M)
     row = q_start + start_m
-    ga, gb, gp = _load_qk_grad_groups(_row_ptr(_head_base(DQ_ACCUM, off_b, off_h, stride_ab, stride_ah), row, stride_am),
-                                      offs_m, seqlen_q - start_m, stride_am, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+    accum = _row_ptr(_head_base(DQ_ACCUM, off_b, off_h, stride_ab, stride_ah), row, stride_am)
+    ga, gb, gp = _load_qk_grad_groups(accum, offs_m, seqlen_q - start_m, stride_am, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
                                       ROTARY_INTERLEAVED, BLOCK_M)
     _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
                    ga * softmax_scale, gb * softmax_scale, gp * softmax_scale, start_m + offs_m + (seqlen_k - seqlen_q),
@@ -411,7 +415,8 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     if dkdv_tma:
         dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
     if tma:
-        dq_descs = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"]), tile_descriptor(v, cfg.dq.block_n, block_dv)]
+        dq_descs = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"]),
+                    tile_descriptor(v, cfg.dq.block_n, block_dv)]
 
     # deterministic=False: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
     # accumulator by atomics (5 matmuls in all instead of 7: no dQ pass recomputing P and dP),
