@@ -54,7 +54,9 @@ def _run(out_dir, train_data, **overrides) -> tuple[list[dict], dict, list[torch
     """Train on `train_data`; the per-step log records, the final weights, and AdamW's first
     moments from the checkpoint (after one step, 0.1 x the step's gradient, so they check the
     gradient itself, which AdamW's update, invariant to the gradient's scale, would not)."""
-    cfg = TrainConfig(**{**TINY, "warmup_steps": 1, "out_dir": str(out_dir), **overrides})
+    # On the CPU in fp32 whatever the machine: on a GPU the runs train under bf16 autocast and
+    # differ by more than summation order (seen on the H200, 2026-11-30: losses 2e-4 apart).
+    cfg = TrainConfig(**{**TINY, "device": "cpu", "warmup_steps": 1, "out_dir": str(out_dir), **overrides})
     result = train(cfg, train_data=train_data, eval_data=train_data)
     steps = [h for h in result["history"] if "eval" not in h]
     optimizer = torch.load(out_dir / "checkpoint.pt", weights_only=False)["optimizer"]
