@@ -11,7 +11,7 @@ Every genoflash output is checked against cuDNN's (or the math backend's) before
 TF/s: 4*B*H*N^2*D forward (2*N^2*(D+Dv) per head when Dv != D), halved when causal;
 fwd+bwd counts 3.5x the forward.
 
-    python benchmarks/tma_probe.py --out probe.json [--quick]
+    python benchmarks/tma_probe.py --out probe.json [--quick] [--shapes 0,8]
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES (default: all)")
     args = ap.parse_args()
     shapes = SHAPES[:1] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [SHAPES[int(i)] for i in args.shapes.split(",")]
     rows = []
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("GENOFLASH_COMMIT", "unknown"))

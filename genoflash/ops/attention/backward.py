@@ -104,6 +104,9 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
                                           other=float("-inf")))
         delta = tl.load(_row_ptr(delta_base, start_m, 1) + offs_m, mask=in_rows, other=0.0)
         sT = _qk_dot(ka, kb, kp, qa, qb, qp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        if HAS_DROPOUT:  # the forward's mask, regenerated, drawn while the tensor cores compute sT
+            keepT = tl.trans(_dropout_keep(dropout_seed, dropout_offset, bh, start_m + offs_m, start_n,
+                                           dropout_threshold, BLOCK_M, BLOCK_N))
         if HAS_SOFTCAP:
             sT, tanhT = _softcap(sT, softcap_in, softcap_out, FAST_TANH)
         if HAS_ALIBI:
@@ -112,9 +115,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
             sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         pT = tl.math.exp2(sT * qk_scale_log2 - lse2[None, :])
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        if HAS_DROPOUT:  # the forward's mask, regenerated: dV sees dropped P, dP flows through kept scores
-            keepT = tl.trans(_dropout_keep(dropout_seed, dropout_offset, bh, start_m + offs_m, start_n,
-                                           dropout_threshold, BLOCK_M, BLOCK_N))
+        if HAS_DROPOUT:  # dV sees the dropped P; dP flows back through the kept scores only
             dv = tl.dot(tl.where(keepT, pT * dropout_rescale, 0.0).to(do.dtype), do, dv,
                         input_precision=INPUT_PRECISION)
             dpT = tl.where(keepT, dpT * dropout_rescale, 0.0)
@@ -257,6 +258,9 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
             v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
                            offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
         s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        if HAS_DROPOUT:  # drawn while the tensor cores compute s (it does not depend on s)
+            keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
+                                 dropout_threshold, BLOCK_M, BLOCK_N)
         if HAS_SOFTCAP:
             s, tanh_s = _softcap(s, softcap_in, softcap_out, FAST_TANH)
         if HAS_ALIBI:
@@ -266,8 +270,6 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
         p = tl.math.exp2(s * qk_scale_log2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
-            keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
-                                 dropout_threshold, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * dropout_rescale, 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:

@@ -3,12 +3,17 @@
 The keep decision for score (b, h, i, j) (b the batch element, or the sequence index in a
 varlen batch; i, j positions inside the sequence) is a pure function of
 (seed, offset, b * nheads + h, i, j):
-    words = Philox4x32-10(key = seed, counter = (j // 4, i, b * nheads + h, offset))
-    keep  = (words[j % 4] >> 8) >= round(p * 2^24)
-One Philox call serves four neighbouring keys. The backward regenerates the same bits, so
-no mask is kept; `dropout_mask` materialises it for tests and debugging, bit for bit.
-This module is the PyTorch side (no triton); the kernels' twin is `mask._dropout_keep`.
-Kept probabilities are scaled by 1 / (1 - p); the log-sum-exp is that of the undropped softmax.
+    words = Philox4x32-10(key = seed, counter = (j // 16, i, b * nheads + h, offset))
+    byte  = (words[(j % 16) // 4] >> (8 * (j % 4))) & 255
+    keep  = byte >= floor(p * 256 + 1/2)
+One Philox call (128 random bits) serves sixteen neighbouring keys, eight bits each, as in
+flash-attn 2. Bits are what dropout costs: at 24 bits per score (four keys per call) Philox
+took 60% of the forward's time on the H200 (benchmarks/NOTES.md). The price is that p is
+rounded to a multiple of 1/256 (`DropoutArgs.effective_p`); kept scores are scaled by
+1 / (1 - effective_p), so the expectation of the output stays exactly the undropped one.
+The backward regenerates the same bits, so no mask is kept; `dropout_mask` materialises it
+for tests and debugging, bit for bit. This module is the PyTorch side (no triton); the
+kernels' twin is `mask._dropout_keep`. The log-sum-exp is that of the undropped softmax.
 """
 
 from __future__ import annotations
@@ -31,12 +36,17 @@ class DropoutArgs:
 
     @property
     def threshold(self) -> int:
-        """24-bit threshold: a score is dropped when its 24 random bits fall below it."""
-        return round(self.p * (1 << 24))
+        """8-bit threshold: a score is dropped when its 8 random bits fall below it."""
+        return int(self.p * 256 + 0.5)  # half up: p = 1/512 is the smallest that drops anything
+
+    @property
+    def effective_p(self) -> float:
+        """The probability the kernels drop a score with: p rounded to a multiple of 1/256."""
+        return self.threshold / 256
 
     @property
     def rescale(self) -> float:
-        return 1.0 / (1.0 - self.p)
+        return 256 / (256 - self.threshold)
 
 
 def draw_seed_and_offset() -> tuple[int, int]:
@@ -66,10 +76,10 @@ def philox4x32(seed: int, c0, c1, c2, c3, rounds: int = 10):
 
 def keep_mask(d: DropoutArgs, bh: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """The kernels' keep decision for broadcastable int64 tensors of (b*nheads + h), i and j."""
-    words = philox4x32(d.seed, cols // 4, rows, bh, torch.full_like(cols, d.offset))
+    words = philox4x32(d.seed, cols // 16, rows, bh, torch.full_like(cols, d.offset))
     word = torch.stack(torch.broadcast_tensors(*words), dim=-1)
-    word = word.gather(-1, torch.broadcast_to(cols % 4, word.shape[:-1]).unsqueeze(-1))[..., 0]
-    return (word >> 8) >= d.threshold
+    word = word.gather(-1, torch.broadcast_to((cols % 16) // 4, word.shape[:-1]).unsqueeze(-1))[..., 0]
+    return ((word >> (8 * (cols % 4))) & 0xFF) >= d.threshold
 
 
 def dropout_mask(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float, seed: int,

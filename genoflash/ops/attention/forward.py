@@ -60,6 +60,11 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, o
                                   start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
                                   ROTARY_INTERLEAVED, BLOCK_N, MASKED)
             s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        if HAS_DROPOUT:
+            # Drawn here, between the QK^T issue and the first use of s: the integer Philox work
+            # does not depend on s, so it can run while the tensor cores compute the scores.
+            keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
+                                 dropout_threshold, BLOCK_M, BLOCK_N)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
         if HAS_ALIBI:
@@ -68,8 +73,6 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, o
             s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, MASKED)
         if HAS_DROPOUT:  # after the update: l_i sums the undropped probabilities, as softmax does
-            keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
-                                 dropout_threshold, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p * dropout_rescale, 0.0)
         if TMA:
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)

@@ -163,6 +163,12 @@ def _check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if dropout_p == 0.0:
         return None
+    # The kernels draw 8 random bits per score (dropout.py), so p is rounded to a multiple of
+    # 1/256; a p that rounds to 0 or to 1 would silently mean no dropout or dropping everything.
+    if not 0 < int(dropout_p * 256 + 0.5) < 256:  # DropoutArgs.threshold's rounding
+        raise ValueError(f"dropout_p must be 0 or in [1/512, 1 - 1/512): the kernels draw 8 random bits per "
+                         f"score and round p to a multiple of 1/256, which would turn {dropout_p} into "
+                         f"{int(dropout_p * 256 + 0.5)}/256")
     if seed is None:
         seed, offset = draw_seed_and_offset()
     for name, value, limit in (("dropout_seed", seed, 2**63), ("dropout_offset", offset, 2**31)):
@@ -350,8 +356,10 @@ def flash_attn_func(
         q: (batch, seqlen_q, nheads, headdim).
         k: (batch, seqlen_k, nheads_k, headdim); nheads_k divides nheads (GQA/MQA).
         v: (batch, seqlen_k, nheads_k, headdim_v); headdim_v may differ from headdim.
-        dropout_p: in [0, 1). Attention probabilities are dropped with a Philox stream made inside
-            the kernels (dropout.py) and regenerated in the backward; no mask is stored.
+        dropout_p: 0, or in [1/512, 1 - 1/512). Attention probabilities are dropped with a Philox
+            stream made inside the kernels (dropout.py) and regenerated in the backward; no mask is
+            stored. As in flash-attn 2, each score gets 8 random bits, so p is rounded to a multiple
+            of 1/256 (0.1 drops 26/256) and kept scores are scaled by 1 / (1 - that rounded p).
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal: bottom-right aligned (flash-attn >= 2.1): query i sees keys
             j <= i + seqlen_k - seqlen_q. A query that sees no key gets output 0, lse -inf.

@@ -32,13 +32,20 @@ def _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, H
 @triton.jit
 def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Dropout keep mask (BLOCK_M, BLOCK_N) for query rows `rows` (BLOCK_M,) and keys start_n ..
-    start_n + BLOCK_N. The bits are defined in dropout.py, whose PyTorch Philox matches these."""
-    groups = (start_n // 4 + tl.arange(0, BLOCK_N // 4))[None, :]
+    start_n + BLOCK_N (start_n a multiple of 16). The bits are defined in dropout.py, whose
+    PyTorch Philox matches these: one call per 16 keys, one byte per key."""
+    groups = (start_n // 16 + tl.arange(0, BLOCK_N // 16))[None, :]
     c0 = (groups + 0 * rows[:, None]).to(tl.uint32)
     c1 = (rows[:, None] + 0 * groups).to(tl.uint32)
     zero = tl.zeros_like(c0)
     w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero + offset)
-    # tl.join(x, y) stacks along a new last axis, so join(join(w0, w2), join(w1, w3)) holds word
-    # 2a + b at [..., a, b], and the row-major reshape gives key 4g + w word w.
-    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N))
-    return (words >> 8).to(tl.int32) >= threshold
+    # tl.join(x, y) stacks along a new last axis, so join(join(x0, x2), join(x1, x3)) holds x(2a + b)
+    # at [..., a, b], and the row-major reshape puts x0..x3 side by side: first the words (word k
+    # of group g serves keys 16g + 4k ..), then each word's bytes (byte b serves key 4q + b).
+    # Comparing before the second shuffle moves 1-byte flags, not 4-byte words.
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N // 4))
+    k0 = (words & 0xFF).to(tl.int32) >= threshold
+    k1 = ((words >> 8) & 0xFF).to(tl.int32) >= threshold
+    k2 = ((words >> 16) & 0xFF).to(tl.int32) >= threshold
+    k3 = (words >> 24).to(tl.int32) >= threshold
+    return tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), (BLOCK_M, BLOCK_N))
