@@ -113,6 +113,40 @@ def test_seeds(backend, device):
         assert not torch.equal(first, run())  # the generator moved on
 
 
+def test_one_compiled_kernel_serves_every_seed(device):
+    """Seeds and offsets change every call: they must not pick new kernel variants (Triton types
+    ints by size and specialises on divisibility by 16), and seeds at the top of the range, whose
+    bit 62 sits next to the tag bit the host sets (dropout.KERNEL_SEED_TAG), must keep their mask."""
+    from genoflash.ops.attention import backward, forward
+    from genoflash.ops.attention.dropout import KERNEL_SEED_TAG, kernel_seed
+
+    assert kernel_seed(DropoutArgs(0.1, 5, 0)) == 5 | KERNEL_SEED_TAG
+    kernels = (forward._attn_fwd_kernel, backward._attn_bwd_dkdv_kernel, backward._attn_bwd_dq_kernel)
+    for kernel in kernels:  # a JITFunction on the GPU; in the interpreter its kwargs are kept
+        unspecialised = ({p.name for p in kernel.params if p.do_not_specialize} if hasattr(kernel, "params")
+                         else set(kernel.kwargs["do_not_specialize"]))
+        assert unspecialised == {"dropout_seed", "dropout_offset"}
+    torch.manual_seed(45)
+    q, k, v, dout = qkvd((1, 40, 2, 16), (1, 40, 2, 16), device)
+
+    def run(seed, offset):
+        with genoflash.use_backend("triton"):
+            return outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
+                a, b, c, 0.3, dropout_seed=seed, dropout_offset=offset), q, k, v, dout)
+
+    def compiled():  # kernels compiled so far (the interpreter compiles nothing)
+        return [sum(len(cache[0]) for cache in getattr(kernel, "device_caches", {}).values()) for kernel in kernels]
+
+    run(2**40 + 17, 3)
+    before = compiled()
+    for seed, offset in ((16, 0), (1, 1), (2**31 + 32, 48), (2**63 - 1, 2**31 - 1)):
+        got = run(seed, offset)
+        d = DropoutArgs(0.3, seed, offset)
+        truth, same = reference_pair(q, k, v, dout, fn=lambda a, b, c: attention_reference(a, b, c, dropout=d)[0])
+        assert_within_rule(got, truth, same)
+    assert compiled() == before
+
+
 def test_p_zero_is_exactly_no_dropout(device):
     torch.manual_seed(43)
     q, k, v, _ = qkvd((1, 50, 2, 16), (1, 50, 2, 16), device)

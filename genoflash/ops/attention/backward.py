@@ -26,6 +26,7 @@ from .configs import backward_config
 from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
+from .dropout import DROPOUT_RUNTIME_ARGS
 from .mask import _dropout_keep, _mask_scores
 from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _qk_dot, _qk_grad_update,
                      _store_qk_grad)
@@ -135,7 +136,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
     return dka, dkb, dkp, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACCUM, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc,
     stride_qb, stride_qm, stride_qh,
@@ -279,7 +280,7 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
     return dqa, dqb, dqp
 
 
-@triton.jit
+@triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc,
     stride_qb, stride_qm, stride_qh,

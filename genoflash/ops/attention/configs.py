@@ -65,10 +65,10 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
         # (results/tune-rope-h200-2026-11-29.json), H16 N16k: fp32 tables 128x64 s3 9.07 ms
         # (128x128 s2 does not fit); 16-bit tables 128x128 s2 7.66 ms, 128x64 s3 7.80 ms.
         return TileConfig(128, 128, 8, 2) if rotary_table_bytes <= 2 else TileConfig(128, 64, 8, 3)
-    if dropout and widest <= 128:
-        # The keep mask's word shuffle (tl.join + reshape) takes shared memory: 128x128 with
-        # 3 stages needs 240 KB, over the H200's 227 KB.
-        return TileConfig(128, 128, 8, 2)
+    # Dropout: with 24-bit draws the keep mask's word shuffle (tl.join + reshape) took shared
+    # memory and 128x128 needed 2 stages; 8-bit draws shuffle byte flags and 3 stages fit (213 KB).
+    # Measured at 3d87021 (results/h200-2026-11-30-tune-dropout-3d87021.json), H16 N16k hd128:
+    # 128x128 s3 7.45 ms, s2 7.65, 128x64 s3 7.65.
     if widest <= 128:
         return TileConfig(128, 128, num_warps=8, num_stages=3)
     if rotary_table_bytes:

@@ -49,6 +49,23 @@ class DropoutArgs:
         return 256 / (256 - self.threshold)
 
 
+# Bit 63 of the seed as the kernels receive it (`kernel_seed`). Triton compiles one kernel per
+# argument type, and types an int by its size (i32 below 2^31, i64 below 2^63, u64 above): with
+# this bit set every seed is a u64, so one compiled kernel serves them all. The kernels clear it.
+KERNEL_SEED_TAG = 1 << 63
+
+
+# Kernel arguments that change with every call. Triton would otherwise specialise on them
+# (divisible by 16 or not, equal to 1) and compile new variants of each kernel while a run goes
+# on; on the H200 such compiles landed inside timed loops (benchmarks/NOTES.md).
+DROPOUT_RUNTIME_ARGS = ["dropout_seed", "dropout_offset"]
+
+
+def kernel_seed(d: DropoutArgs | None) -> int:
+    """The seed argument of the kernels (see KERNEL_SEED_TAG); also for no dropout, unused then."""
+    return (d.seed if d else 0) | KERNEL_SEED_TAG
+
+
 def draw_seed_and_offset() -> tuple[int, int]:
     """From torch's default generator, so `torch.manual_seed` reproduces a run."""
     seed, offset = torch.randint(0, 2**62, (2,), dtype=torch.int64).tolist()

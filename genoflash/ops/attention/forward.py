@@ -18,6 +18,7 @@ from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
 from .descriptors import tile_descriptor, tma_applies
+from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
 from .mask import _dropout_keep, _mask_scores
 from .rotary import _load_qk, _qk_dot
@@ -83,7 +84,7 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, o
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
     q_desc, k_desc, v_desc, o_desc,
@@ -211,7 +212,7 @@ def feature_args(q: torch.Tensor, a: AttentionArgs) -> tuple[list, dict]:
     d = a.dropout
     scalars = [scale * LOG2E_HOST, a.window_left, a.window_right,
                scale / a.softcap if a.softcap > 0 else 0.0, a.softcap / scale if a.softcap > 0 else 0.0,
-               1.0 / scale, d.seed if d else 0, d.offset if d else 0, d.threshold if d else 0,
+               1.0 / scale, kernel_seed(d), d.offset if d else 0, d.threshold if d else 0,
                d.rescale if d else 1.0]
     constexprs = dict(
         IS_VARLEN=a.varlen, HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0,

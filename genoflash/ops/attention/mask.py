@@ -38,6 +38,7 @@ def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.conste
     c0 = (groups + 0 * rows[:, None]).to(tl.uint32)
     c1 = (rows[:, None] + 0 * groups).to(tl.uint32)
     zero = tl.zeros_like(c0)
+    seed = seed.to(tl.uint64) & 0x7FFFFFFFFFFFFFFF  # clear dropout.KERNEL_SEED_TAG: the key is seed < 2^63
     w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero + offset)
     # tl.join(x, y) stacks along a new last axis, so join(join(x0, x2), join(x1, x3)) holds x(2a + b)
     # at [..., a, b], and the row-major reshape puts x0..x3 side by side: first the words (word k
