@@ -25,16 +25,25 @@ pytestmark = pytest.mark.usefixtures("poison_allocations")
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Names of the backward's kernels launched, with their FUSED_DQ switch."""
+    """Names of the backward's kernels launched, with their FUSED_DQ switch; dq_tma_launches gets
+    their DQ_TMA switches (dQ by TMA bulk reductions)."""
     seen = []
     real_launch = backward.launch
 
     def spy(kernel, grid, cfg, *args, **constexprs):
         seen.append((kernel.fn.__name__, constexprs.get("FUSED_DQ")))
+        dq_tma_launches.append(constexprs.get("DQ_TMA"))
         return real_launch(kernel, grid, cfg, *args, **constexprs)
 
+    dq_tma_launches.clear()
     monkeypatch.setattr(backward, "launch", spy)
     return seen
+
+
+dq_tma_launches: list = []
+# dQ goes in by TMA bulk reductions on Hopper GPUs, for fixed-length, RoPE-free, aligned tensors;
+# the interpreter has no descriptor reductions.
+DQ_BY_TMA = HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9
 
 
 def qkv(shape_q, shape_k, dv, device):
@@ -66,6 +75,7 @@ def test_fused_backward_matches_reference(case, seqlen_q, seqlen_k, nheads_k, la
         got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, deterministic=False, **features),
                                 q, k, v, dout)
     assert launches == [("_attn_bwd_dkdv_kernel", True)]  # one pass, dQ fused into it
+    assert dq_tma_launches == [DQ_BY_TMA]  # head dim 40 in bf16: 80-byte rows, aligned for TMA
 
     def standard(a, b, c):
         group = a.shape[2] // b.shape[2]
@@ -85,6 +95,7 @@ def test_fused_backward_varlen(causal, launches, device):
         got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(
             a, b, c, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, deterministic=False), q, k, v, dout)
     assert launches == [("_attn_bwd_dkdv_kernel", True)]
+    assert dq_tma_launches == [False]  # varlen: atomics by pointers
 
     def standard(a, b, c):
         return attention_reference_varlen(a, b.repeat_interleave(2, 1), c.repeat_interleave(2, 1), cu_q, cu_k,

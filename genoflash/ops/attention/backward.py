@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...backends import triton_interpreted
 from .block_info import _kv_block_range, _q_block_range
 from .configs import backward_config
 from .launch import launch
@@ -35,7 +36,7 @@ from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
 from .descriptors import tile_descriptor, tma_applies
-from .tiles import _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
+from .tiles import _atomic_add_tile_tma, _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
 
 
 @triton.jit
@@ -65,7 +66,8 @@ def _attn_bwd_preprocess_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         q_desc, dq_base, stride_dqm, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k, window_left,
+                         q_desc, dq_base, dq_desc, stride_dqm, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k,
+                         window_left,
                          window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
@@ -75,7 +77,8 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                          ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr):
+                         INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
+                         DQ_TMA: tl.constexpr):
     """Accumulate one key tile's dK (unscaled, rotated frame, as groups a/b/p) and dV over
     query rows [lo, hi) of one head.
 
@@ -131,14 +134,18 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
             zeros_r = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
             gqa, gqb, gqp = _qk_grad_update(zeros_r, zeros_r, tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32),
                                             tl.trans(dsT), ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
-            _atomic_add_qk_grad(_row_ptr(dq_base, start_m, stride_dqm), gqa, gqb, gqp, offs_m, seqlen_q - start_m,
-                                stride_dqm, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED)
+            if DQ_TMA:  # no RoPE (host check): dQ is the one channel group p
+                _atomic_add_tile_tma(dq_desc, gqp, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
+            else:
+                _atomic_add_qk_grad(_row_ptr(dq_base, start_m, stride_dqm), gqa, gqb, gqp, offs_m,
+                                    seqlen_q - start_m, stride_dqm, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                                    ROTARY_INTERLEAVED)
     return dka, dkb, dkp, dv
 
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACCUM, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACCUM, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc, dq_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -155,6 +162,7 @@ def _attn_bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
+    DQ_TMA: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -195,29 +203,29 @@ def _attn_bwd_dkdv_kernel(
         bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, stride_dqam, off_b, off_h,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam, off_b, off_h,
                                       start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION, TMA, FUSED_DQ)
+                                      True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, stride_dqam, off_b, off_h,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam, off_b, off_h,
                                       start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      False, INPUT_PRECISION, TMA, FUSED_DQ)
+                                      False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, stride_dqam, off_b, off_h,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam, off_b, off_h,
                                       start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION, TMA, FUSED_DQ)
+                                      True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
 
     # dk is w.r.t. the rotated keys; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
@@ -427,15 +435,20 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     fused = not a.deterministic
     dkdv_cfg = (cfg.fused_dkdv or cfg.dkdv) if fused else cfg.dkdv
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else dq
+    # Where TMA applies, each dQ share goes in as one bulk reduction by the copy engine. Not in
+    # the interpreter: triton 3.6's has descriptor loads and stores but no descriptor reductions.
+    dq_tma = fused and tma and not triton_interpreted()
+    dq_desc = tile_descriptor(dq_accum, dkdv_cfg.block_m, blocks["BLOCK_P"]) if dq_tma else None
     num_n_blocks = triton.cdiv(seqlen_k, dkdv_cfg.block_n)
     launch(_attn_bwd_dkdv_kernel, (num_n_blocks * batch * nheads_k,), dkdv_cfg,
         q, k, v, dout, lse, delta, dk, dv, dq_accum, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
-        a.rotary_sin, dkdv_desc,
+        a.rotary_sin, dkdv_desc, dq_desc,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
         *seq_strides(dq_accum, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
-        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, **{**shared, "TMA": dkdv_tma},
+        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, DQ_TMA=dq_tma,
+        **{**shared, "TMA": dkdv_tma},
     )
 
     if fused:

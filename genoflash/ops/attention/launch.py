@@ -8,8 +8,8 @@ with one stage fewer (fewer K/V tiles in flight; same tiles, same grid, same res
 
 TMA descriptor loads (TMA=True, descriptors.py) crashed ptxas (triton 3.6, sm_90: SIGSEGV) in
 some kernel and tile combinations, e.g. the dK/dV pass with Q by TMA at 32x64 tiles, hd64,
-causal. Such a launch is retried with pointer loads (TMA=False: the same tiles and results;
-the descriptors are then ignored). Both fallbacks are remembered per kernel specialisation,
+causal. Such a launch is retried with pointer loads (TMA=False, and DQ_TMA=False: the same
+tiles and results; the descriptors are then ignored). Both fallbacks are remembered per kernel specialisation,
 so the failed compile is paid once per process.
 """
 
@@ -22,15 +22,19 @@ from .configs import TileConfig
 
 _fitted: dict[tuple, tuple[int, bool]] = {}  # key -> (num_stages, TMA) that built
 tma_fallbacks: list[str] = []  # kernels whose TMA variant failed to build (for tests and reports)
+# Constexpr switches of TMA paths: TMA (descriptor loads and stores), DQ_TMA (the fused
+# backward's dQ reductions by TMA). A ptxas failure turns them all off.
+_TMA_FLAGS = ("TMA", "DQ_TMA")
 
 
 def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
     key = (kernel.fn.__name__, cfg, tuple(sorted((k, v) for k, v in constexprs.items()
                                                  if not isinstance(v, torch.Tensor))))
-    stages, tma = _fitted.get(key, (cfg.num_stages, constexprs.get("TMA", False)))
+    asked = {flag: constexprs[flag] for flag in _TMA_FLAGS if flag in constexprs}
+    stages, tma = _fitted.get(key, (cfg.num_stages, any(asked.values())))
     while True:
-        if "TMA" in constexprs:
-            constexprs["TMA"] = tma
+        for flag, value in asked.items():  # after a fallback, every TMA path is off
+            constexprs[flag] = value and tma
         try:
             kernel[grid](*args, num_warps=cfg.num_warps, num_stages=stages, **constexprs)
         except OutOfResources:  # raised before the kernel runs: nothing was written

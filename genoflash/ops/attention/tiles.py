@@ -71,3 +71,11 @@ def _store_tile_tma(desc, value, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BL
     """The store twin of _load_tile_tma: rows past the sequence end and padded channels are
     clipped by the copy engine, never written."""
     desc.store([off_b, row, off_h, 0], value.reshape(1, BLOCK_ROWS, 1, BLOCK_D))
+
+
+@triton.jit
+def _atomic_add_tile_tma(desc, value, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Add a tile into a float32 accumulator through a TMA descriptor: one bulk reduction
+    (cp.reduce.async.bulk on Hopper) done by the copy engine near L2, instead of one atomic
+    instruction per element. Rows past the sequence end and padded channels are clipped."""
+    desc.atomic_add([off_b, row, off_h, 0], value.reshape(1, BLOCK_ROWS, 1, BLOCK_D))
