@@ -1,12 +1,13 @@
 """The `genoflash` command line.
 
-    genoflash demo               full vs local attention on a long-range DNA task: who sees the far motif?
+    genoflash demo               full vs local attention (or Hyena, Mamba) on a long-range DNA task: who sees far?
     genoflash example            attention over a DNA-length sequence: genoflash vs standard attention
     genoflash train              train a DNA model (synthetic long-range task or LM on a FASTA), flags or --config YAML
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
     genoflash bench mixers       attention vs Hyena vs Mamba, one layer's time and memory against N (GPU)
+    genoflash bench quality      attention vs Hyena vs Mamba, held-out accuracy against distance (from demo runs)
     genoflash bench ring         context-parallel ring attention over the GPUs of one host (torchrun, GPUs)
     genoflash scale attention    million-token attention, checked on sampled rows (GPU)
     genoflash scale chromosome   an Enformer-style encoder over a whole chromosome in one pass (GPU)
@@ -26,7 +27,7 @@ def _example(argv):
 
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
-    parser.add_argument("what", choices=["attention", "features", "memory", "mixers", "ring"])
+    parser.add_argument("what", choices=["attention", "features", "memory", "mixers", "quality", "ring"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
@@ -34,6 +35,8 @@ def _bench(argv):
         from .bench.features import main
     elif args.what == "mixers":
         from .bench.mixers import main
+    elif args.what == "quality":
+        from .bench.quality import main
     elif args.what == "ring":
         from .bench.ring import main
     else:

@@ -172,6 +172,24 @@ def test_demo_refuses_a_local_model_that_could_see_both_elements():
     assert [c.layer_pattern for c in runs.values()] == ["G", "L"]
 
 
+def test_demo_trains_the_chosen_mixers(tmp_path, capsys):
+    """--mixers picks the models side by side (the mixer comparison's ladder runs the demo so)."""
+    from genoflash.cli import main as cli_main
+    assert cli_main(["demo", "--quick", "--device", "cpu", "--no-progress", "--out-dir", str(tmp_path),
+                     "--mixers", "G,H,M"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [summary[n]["layer_pattern"] for n in ("full attention", "Hyena", "Mamba (BiMamba)")] == ["G", "H", "M"]
+    assert "local attention" not in summary and "local model" not in capsys.readouterr().out
+    assert {p.name for p in tmp_path.iterdir() if p.is_dir()} == {"full", "hyena", "mamba"}
+    # Without a local model, a window that would see both elements is no reason to refuse.
+    runs = demo.configs(demo.build_parser().parse_args(["--quick", "--device", "cpu", "--window-size", "25",
+                                                        "--mixers", "H"]))
+    assert [c.layer_pattern for c in runs.values()] == ["H"]
+    for bad in ("G,X", "", "G,G"):
+        with pytest.raises(ValueError, match="--mixers"):
+            demo.configs(demo.build_parser().parse_args(["--quick", "--device", "cpu", "--mixers", bad]))
+
+
 def test_demo_defaults_keep_the_local_model_blind():
     for sizes in (demo.CPU_DEFAULTS, demo.GPU_DEFAULTS, demo.QUICK):
         gap = sizes["distance"] - sizes["sites"] * (16 + sizes["spacer"])

@@ -45,6 +45,13 @@ QUICK = dict(seq_len=192, distance=96, sites=2, spacer=0, margin=16, window_size
              grad_accum=1, dim=16, eval_samples=16)
 
 
+# The models the demo can compare, by the layer letter every layer of the trunk gets
+# (genoflash.models.dna_lm): name and output folder. The classifier's trunk is bidirectional,
+# so M is BiMamba and H a bidirectional Hyena.
+MODELS = {"G": ("full attention", "full"), "L": ("local attention", "local"), "H": ("Hyena", "hyena"),
+          "M": ("Mamba (BiMamba)", "mamba")}
+
+
 def local_reach(depth: int, window_size: int, stem_kernel: int = STEM_KERNEL) -> int:
     """How far (in bases) the local model's output at one position can see on each side:
     the stem's half-width, plus one window per local layer."""
@@ -61,12 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("seq_len", "distance", "sites", "spacer", "margin", "window_size", "steps", "batch_size", "dim"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, help="override the device default")
     parser.add_argument("--grad-accum", type=int, help="micro-batches of --batch-size per optimizer step "
-                        "(effective batch = batch size x grad accum); overrides the device default of 1")
+                        "(effective batch = batch size x grad accum); overrides the device default")
+    parser.add_argument("--mixers", default="G,L", help="models to train, comma-separated layer letters: "
+                        "G full attention, L local attention, H Hyena, M Mamba (default: G,L)")
     return parser
 
 
+def parse_mixers(text: str) -> list[str]:
+    letters = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in letters if m not in MODELS]
+    if unknown or not letters or len(set(letters)) != len(letters):
+        raise ValueError(f"--mixers takes distinct letters from {', '.join(MODELS)} ({', '.join(n for n, _ in MODELS.values())}), "
+                         f"got {text!r}")
+    return letters
+
+
 def configs(args: argparse.Namespace) -> dict[str, TrainConfig]:
-    """The two runs' configs: identical but for the layer pattern."""
+    """The runs' configs, one per --mixers letter: identical but for the layer pattern."""
+    mixers = parse_mixers(args.mixers)
     device = resolve_device(args.device)
     sizes = dict(QUICK if args.quick else GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS)
     sizes.update({k: v for k, v in vars(args).items() if k in sizes and v is not None})
@@ -81,14 +100,14 @@ def configs(args: argparse.Namespace) -> dict[str, TrainConfig]:
     # view reached into both could compute the label, and the comparison would be meaningless.
     gap = base.distance - element_length(base.sites, base.motif_length, base.spacer)
     reach = local_reach(base.depth, base.window_size)
-    if 2 * reach >= gap:
+    if "L" in mixers and 2 * reach >= gap:
         raise ValueError(f"the local model could see both elements: its reach of {reach} bases each side "
                          f"(stem {STEM_KERNEL // 2} + {base.depth} layers x window {base.window_size}) spans "
                          f"2 x {reach} >= the {gap}-base gap between them; use a smaller --window-size or a "
                          "larger --distance")
     out = pathlib.Path(args.out_dir)
-    return {"full attention": dataclasses.replace(base, layer_pattern="G", out_dir=str(out / "full")),
-            "local attention": dataclasses.replace(base, layer_pattern="L", out_dir=str(out / "local"))}
+    return {MODELS[m][0]: dataclasses.replace(base, layer_pattern=m, out_dir=str(out / MODELS[m][1]))
+            for m in mixers}
 
 
 def plot_accuracy(curves: dict[str, list[tuple[int, float]]], path: pathlib.Path, title: str) -> None:
@@ -108,7 +127,7 @@ def plot_accuracy(curves: dict[str, list[tuple[int, float]]], path: pathlib.Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train both models, print their accuracies, write summary.json and accuracy.png."""
+    """Train the models, print their accuracies, write summary.json and accuracy.png."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     runs = configs(args)
@@ -116,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(runs.values()))
     element = element_length(first.sites, first.motif_length, first.spacer)
+    local = (f"local model's window {first.window_size} (reach {local_reach(first.depth, first.window_size)} bp "
+             "each side); ") if "local attention" in runs else ""
     print(f"long-range task: {first.seq_len} bp; enhancer and promoter elements ({first.sites} sites, "
-          f"{element} bp each) {first.distance} bp apart; local model's window {first.window_size} "
-          f"(reach {local_reach(first.depth, first.window_size)} bp each side); "
+          f"{element} bp each) {first.distance} bp apart; {local}"
           f"{first.steps} steps of {first.batch_size}"
           f"{f' x {first.grad_accum} micro-batches' if first.grad_accum > 1 else ''} on {first.device}")
     summary, curves = {}, {}

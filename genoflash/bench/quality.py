@@ -1,0 +1,95 @@
+"""`genoflash bench quality`: held-out accuracy against distance, from demo runs at several lengths.
+
+The mixer comparison asks which model connects two elements as they move apart. Each run
+directory is what `genoflash demo --mixers G,L,H,M --out-dir DIR ...` wrote at one length
+(`scripts/gpu_quality_ladder.sh` makes them); this collects their `summary.json` files into one
+table (a row per distance, a column per model) and one plot of accuracy against distance.
+Only what the runs measured goes in: a model missing at a distance is left blank.
+
+    genoflash bench quality RUN_DIR [RUN_DIR ...] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .records import run_metadata, results_stem
+
+# Per-model fields copied from each run's summary, and the run config fields that say what was trained.
+MODEL_FIELDS = ("accuracy", "auroc", "seconds", "layer_pattern")
+CONFIG_FIELDS = ("seq_len", "distance", "sites", "spacer", "steps", "batch_size", "grad_accum", "dim", "depth",
+                 "window_size", "seed", "device")
+
+
+def collect(run_dirs: list[Path]) -> list[dict]:
+    """One record per task and budget, sorted by distance: the config fields, the run
+    directories and {model: fields}. Runs of the same task and budget whose models were
+    trained apart (e.g. on two GPUs, or in two device calls) are merged into one record."""
+    merged: dict[tuple, dict] = {}
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "summary.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: is {run_dir} the --out-dir of a finished `genoflash demo`?")
+        summary = json.loads(path.read_text())
+        if "config" not in summary:
+            raise ValueError(f"{path} has no 'config': not a genoflash demo summary")
+        config = summary.pop("config")
+        key = tuple(config.get(k) for k in CONFIG_FIELDS if k != "device")
+        record = merged.setdefault(key, {"runs": [], **{k: config.get(k) for k in CONFIG_FIELDS}, "models": {}})
+        record["runs"].append(str(run_dir))
+        for name, rec in summary.items():
+            if name in record["models"]:
+                raise ValueError(f"{name} at distance {config.get('distance')} appears in more than one run "
+                                 f"({', '.join(record['runs'])}): keep one")
+            record["models"][name] = {k: rec.get(k) for k in MODEL_FIELDS}
+    return sorted(merged.values(), key=lambda r: (r["distance"], r["seq_len"]))
+
+
+def table(runs: list[dict]) -> str:
+    """Markdown: held-out accuracy per distance (rows) and model (columns)."""
+    models = list(dict.fromkeys(name for r in runs for name in r["models"]))
+    lines = ["| distance | length | steps x batch | " + " | ".join(models) + " |",
+             "|---" * (len(models) + 3) + "|"]
+    for r in runs:
+        cells = [f"{r['models'][m]['accuracy']:.3f}" if m in r["models"] else "" for m in models]
+        lines.append(f"| {r['distance']:,} | {r['seq_len']:,} | {r['steps']} x {r['batch_size'] * (r['grad_accum'] or 1)} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for model in dict.fromkeys(name for r in runs for name in r["models"]):
+        points = [(r["distance"], r["models"][model]["accuracy"]) for r in runs if model in r["models"]]
+        ax.plot(*zip(*points), "o-", label=model)
+    ax.axhline(0.5, color="grey", linestyle=":", label="chance")
+    ax.set(xscale="log", xlabel="distance between the elements (bp)", ylabel="held-out accuracy", ylim=(0.3, 1.02),
+           title="synthetic long-range task")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="genoflash bench quality", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="demo output directories (each with summary.json)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    runs = collect(args.runs)
+    # Run where the demos ran (the ladder script does), so that the metadata's device is theirs;
+    # each run also records its own ("cuda" or "cpu").
+    report = {"metadata": run_metadata(method="held-out accuracy of `genoflash demo` runs, one seed each"),
+              "runs": runs}
+    stem = results_stem(args.out, report["metadata"], "quality")
+    Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(runs, Path(f"{stem}.png"))
+    print(table(runs))
+    print(f"wrote {stem}.json and {stem}.png")
+    return 0
