@@ -54,8 +54,8 @@ def table(runs: list[dict]) -> str:
              "|---" * (len(models) + 3) + "|"]
     for r in runs:
         cells = [f"{r['models'][m]['accuracy']:.3f}" if m in r["models"] else "" for m in models]
-        lines.append(f"| {r['distance']:,} | {r['seq_len']:,} | {r['steps']} x {r['batch_size'] * (r['grad_accum'] or 1)} | "
-                     + " | ".join(cells) + " |")
+        batch = r["batch_size"] * (r["grad_accum"] or 1)
+        lines.append(f"| {r['distance']:,} | {r['seq_len']:,} | {r['steps']} x {batch} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -78,8 +78,8 @@ def parse_mixers(text: str) -> list[str]:
     letters = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in letters if m not in MODELS]
     if unknown or not letters or len(set(letters)) != len(letters):
-        raise ValueError(f"--mixers takes distinct letters from {', '.join(MODELS)} ({', '.join(n for n, _ in MODELS.values())}), "
-                         f"got {text!r}")
+        names = ", ".join(f"{letter} {name}" for letter, (name, _) in MODELS.items())
+        raise ValueError(f"--mixers takes distinct letters among {names}; got {text!r}")
     return letters
 
 

@@ -203,7 +203,8 @@ def _attn_bwd_dkdv_kernel(
         bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
         # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam, off_b, off_h,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+                                      off_b, off_h,
                                       start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
@@ -211,7 +212,8 @@ def _attn_bwd_dkdv_kernel(
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam, off_b, off_h,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+                                      off_b, off_h,
                                       start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
@@ -219,7 +221,8 @@ def _attn_bwd_dkdv_kernel(
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
         dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam, off_b, off_h,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+                                      off_b, off_h,
                                       start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
