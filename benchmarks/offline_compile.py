@@ -6,8 +6,9 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
 
     python benchmarks/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
 
-CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout or mamba (the
-selective scan); --fwd/--dkdv/--dq force tiles; --no-tma keeps pointer loads where TMA
+CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mamba (the
+selective scan) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward at the
+forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
 forces its tiles).
 """
@@ -72,6 +73,22 @@ def ptxas_report(kernel) -> str:
     return f"regs {regs.group(1) if regs else '?'} spill-stores {spill.group(1) if spill else '?'}"
 
 
+def dump_sass(kernel, path: str) -> dict:
+    """Write the kernel's SASS (nvdisasm of the cubin Triton built) to `path`; returns the count of
+    each opcode (for comparing two kernels' instruction mix)."""
+    from collections import Counter
+
+    from triton.backends.nvidia.compiler import get_ptxas
+    nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    with open(path, "w") as out:
+        out.write(sass)
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, flags=re.M)
+    return Counter(op.split(".")[0] for op in ops)
+
+
 def _tiles(text):
     from genoflash.ops.attention.configs import TileConfig
     return TileConfig(*(int(x) for x in text.split(",")))
@@ -91,6 +108,7 @@ def main(argv):
     parser.add_argument("--no-tma", action="store_true", help="pointer loads where TMA descriptors would apply")
     parser.add_argument("--fused", action="store_true", help="deterministic=False: dQ by atomics in the dK/dV pass")
     parser.add_argument("--fused-dkdv", help="BM,BN,WARPS,STAGES of the fused dK/dV pass")
+    parser.add_argument("--sass", help="directory: write each kernel's SASS there and print its opcode counts")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     JITFunction.run = _compile_only
@@ -164,11 +182,21 @@ def main(argv):
     with genoflash.use_backend("triton"), configs.override_configs(fwd, bwd):
         out = genoflash.flash_attn_func(q, k, v, **kw)
         out.backward(torch.randn_like(out))
+    if case == "probe":  # beside them, fwd_variants_probe.py's minimal TMA forward at the same tile
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from fwd_variants_probe import probe_forward
+        cfg = fwd or configs.forward_config(d, dv, False, dtype, gpu)
+        probe_forward(q.detach(), k.detach(), v.detach(), False, "tma", cfg.block_m, cfg.block_n, cfg.num_warps,
+                      cfg.num_stages)
     for name, warps, stages, kernel in COMPILED:
         if name in ("_attn_bwd_preprocess_kernel", "_attn_bwd_dq_convert_kernel"):
             continue
-        print(f"{case} {args.dtype} d={d} dv={dv} r={rotary_dim if 'rope' in case else 0} {name:<22} warps {warps} stages {stages} shared {kernel.metadata.shared:>7} "
-              f"{ptxas_report(kernel)}")
+        print(f"{case} {args.dtype} d={d} dv={dv} r={rotary_dim if 'rope' in case else 0} {name:<22} warps {warps} "
+              f"stages {stages} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")
+        if args.sass:
+            os.makedirs(args.sass, exist_ok=True)
+            ops = dump_sass(kernel, os.path.join(args.sass, f"{name}.sass"))
+            print("   ", " ".join(f"{op} {n}" for op, n in ops.most_common(40)))
 
 
 if __name__ == "__main__":

@@ -74,7 +74,9 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, o
             s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, MASKED)
         if HAS_DROPOUT:  # after the update: l_i sums the undropped probabilities, as softmax does
-            p = tl.where(keep, p * dropout_rescale, 0.0)
+            # The kept p's factor 1 / (1 - p_drop) is one constant: the kernel applies it to acc
+            # once, after the loop, instead of to every score here.
+            p = tl.where(keep, p, 0.0)
         if TMA:
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
         else:
@@ -163,6 +165,8 @@ def _attn_fwd_kernel(
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
 
+    if HAS_DROPOUT:  # the kept probabilities' rescale, left out of the loop (_attn_fwd_tiles)
+        acc = acc * dropout_rescale
     out, lse = _finalize_softmax(acc, m_i, l_i)
     if TMA:
         _store_tile_tma(o_desc, out.to(O.dtype.element_ty), off_b, start_m, off_h, BLOCK_M, BLOCK_DV)

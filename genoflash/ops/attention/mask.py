@@ -40,13 +40,14 @@ def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.conste
     zero = tl.zeros_like(c0)
     seed = seed.to(tl.uint64) & 0x7FFFFFFFFFFFFFFF  # clear dropout.KERNEL_SEED_TAG: the key is seed < 2^63
     w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero + offset)
-    # tl.join(x, y) stacks along a new last axis, so join(join(x0, x2), join(x1, x3)) holds x(2a + b)
-    # at [..., a, b], and the row-major reshape puts x0..x3 side by side: first the words (word k
-    # of group g serves keys 16g + 4k ..), then each word's bytes (byte b serves key 4q + b).
-    # Comparing before the second shuffle moves 1-byte flags, not 4-byte words.
+    # tl.join(x, y) stacks along a new last axis, so join(join(w0, w2), join(w1, w3)) holds w(2a + b)
+    # at [..., a, b], and the row-major reshape puts the words side by side: word k of group g
+    # serves keys 16g + 4k .. 16g + 4k + 3 (word q = 4g + k of the row).
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N // 4))
-    k0 = (words & 0xFF).to(tl.int32) >= threshold
-    k1 = ((words >> 8) & 0xFF).to(tl.int32) >= threshold
-    k2 = ((words >> 16) & 0xFF).to(tl.int32) >= threshold
-    k3 = (words >> 24).to(tl.int32) >= threshold
-    return tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), (BLOCK_M, BLOCK_N))
+    # Byte b of word q serves key 4q + b. Spreading each word over a new last axis of 4 (a
+    # broadcast) and flattening keeps a word's bytes in the thread that holds the word. A second
+    # join tree here took 18% more instructions per key tile on sm_90, most of them shuffles
+    # through shared memory (benchmarks/offline_compile.py --sass, benchmarks/NOTES.md).
+    shift = (8 * tl.arange(0, 4)).to(tl.uint32)[None, None, :]
+    byte = (words[:, :, None] >> shift) & 0xFF
+    return tl.reshape(byte.to(tl.int32) >= threshold, (BLOCK_M, BLOCK_N))
