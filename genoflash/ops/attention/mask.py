@@ -48,6 +48,9 @@ def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.conste
     # broadcast) and flattening keeps a word's bytes in the thread that holds the word. A second
     # join tree here took 18% more instructions per key tile on sm_90, most of them shuffles
     # through shared memory (benchmarks/offline_compile.py --sass, benchmarks/NOTES.md).
-    shift = (8 * tl.arange(0, 4)).to(tl.uint32)[None, None, :]
-    byte = (words[:, :, None] >> shift) & 0xFF
-    return tl.reshape(byte.to(tl.int32) >= threshold, (BLOCK_M, BLOCK_N))
+    # byte >= threshold is tested as (word << (24 - 8b)) >= threshold << 24, unsigned: byte b
+    # moves to the top, the bytes below it cannot lift a smaller byte over the threshold, and
+    # the mask that would isolate the byte is not needed.
+    shift = (24 - 8 * tl.arange(0, 4)).to(tl.uint32)[None, None, :]
+    keep = (words[:, :, None] << shift) >= (threshold.to(tl.uint32) << 24)
+    return tl.reshape(keep, (BLOCK_M, BLOCK_N))
