@@ -8,10 +8,11 @@
 #   OUT=/some/dir RUNGS="0 1" MIXERS=G,L,H,M bash scripts/gpu_quality_ladder.sh [more demo flags]
 # (DEVICE=cpu with small --steps, --dim and --batch-size overrides smoke-tests it on a CPU.)
 #
-# Full attention at 32 kb took 352 s and local 70 s on an H200 (2026-11-30); 2 kb and 8 kb should
-# take about 1/16 and 1/4 of that per model. A device call lasts at most 600 s, so split the
-# work over calls and GPUs with RUNGS and MIXERS (e.g. GPU0: RUNGS=2 MIXERS=H, GPU1: RUNGS=2
-# MIXERS=M). Each (rung, mixers) pair writes its own folder; the table merges them per rung.
+# Full attention at 32 kb took 352 s and local attention 70 s on an H200 (2026-11-30); at ~1.4M
+# tokens/s the 2 kb and 8 kb rungs take about 60 s and 240 s per model. Hyena's and Mamba's times
+# are not known yet. A device call lasts at most 600 s, so split the work over calls and GPUs
+# with RUNGS and MIXERS (e.g. GPU0: RUNGS=2 MIXERS=H, GPU1: RUNGS=2 MIXERS=M). Each (rung,
+# mixers) pair writes its own folder; the table merges them per rung.
 set -euo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}/quality-ladder
@@ -22,9 +23,9 @@ rungs=("2048 1024 24 64 64 8 300" "8192 4096 96 256 256 8 200" "32768 16384 384 
 for i in ${RUNGS:-${!rungs[@]}}; do
     read -r n d s m w g t <<<"${rungs[$i]}"
     dir="$out/L$n-${mixers//,/}"
-    python3 -m genoflash.cli demo --device "${DEVICE:-cuda}" --no-progress --mixers "$mixers" --seq-len "$n" --distance "$d" \
-        --sites "$s" --spacer 0 --margin "$m" --window-size "$w" --steps "$t" --batch-size 16 --grad-accum "$g" \
-        --dim 128 --out-dir "$dir" "$@" 2>&1 | tee "$dir.log"
+    python3 -m genoflash.cli demo --device "${DEVICE:-cuda}" --no-progress --mixers "$mixers" --seq-len "$n" \
+        --distance "$d" --sites "$s" --spacer 0 --margin "$m" --window-size "$w" --steps "$t" --batch-size 16 \
+        --grad-accum "$g" --dim 128 --out-dir "$dir" "$@" 2>&1 | tee "$dir.log"
     rm -f "$dir"/*/checkpoint.pt
 done
 # Every rung finished so far (here and in earlier calls whose folders were copied back in).
