@@ -9,7 +9,7 @@
 # (DEVICE=cpu with small --steps, --dim and --batch-size overrides smoke-tests it on a CPU.)
 #
 # Full attention at 32 kb took 352 s and local attention 70 s on an H200 (2026-11-30); at ~1.4M
-# tokens/s the 2 kb and 8 kb rungs take about 60 s and 240 s per model. Hyena's and Mamba's times
+# tokens/s the 2 kb and 8 kb rungs take at most about 60 s and 150 s per model. Hyena's and Mamba's times
 # are not known yet. A device call lasts at most 600 s, so split the work over calls and GPUs
 # with RUNGS and MIXERS (e.g. GPU0: RUNGS=2 MIXERS=H, GPU1: RUNGS=2 MIXERS=M). Each (rung,
 # mixers) pair writes its own folder; the table merges them per rung.
