@@ -179,7 +179,7 @@ def main(argv):
                                      _tiles(args.dq) if args.dq else gpu_default.dq,
                                      dkdv_q_by_tma=gpu_default.dkdv_q_by_tma,
                                      fused_dkdv=_tiles(args.fused_dkdv) if args.fused_dkdv else None)
-    with genoflash.use_backend("triton"), configs.override_configs(fwd, bwd):
+    with genoflash.use_backend("triton"), configs.override_configs(fwd, bwd, one_pass=True if args.fused else None):
         out = genoflash.flash_attn_func(q, k, v, **kw)
         out.backward(torch.randn_like(out))
     if case == "probe":  # beside them, fwd_variants_probe.py's minimal TMA forward at the same tile

@@ -1,7 +1,9 @@
-"""deterministic=False: the triton backward's dK/dV pass also sums dQ with float32 atomics and the
-dQ pass is skipped. Every feature goes through that path too; each case is checked against a
-float64 reference under the error rule, forward and all gradients, and the launches are
-watched so that a silent fall back to the two-pass backward would fail the test."""
+"""The one-pass backward that deterministic=False allows: the dK/dV pass also sums dQ in float32
+(atomics, or TMA bulk reductions) and the dQ pass is skipped. The tile table takes it only where
+it was measured faster (nowhere on the H200 yet), so these tests force it (override_configs
+one_pass=True). Every feature goes through that path too; each case is checked against a float64
+reference under the error rule, forward and all gradients, and the launches are watched so that
+a silent fall back to the two-pass backward would fail the test."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 import genoflash
 from genoflash.ops.attention import backward
+from genoflash.ops.attention.configs import override_configs
 from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
 from genoflash.rotary import rotary_tables
 
@@ -37,7 +40,8 @@ def launches(monkeypatch):
 
     dq_tma_launches.clear()
     monkeypatch.setattr(backward, "launch", spy)
-    return seen
+    with override_configs(one_pass=True):
+        yield seen
 
 
 dq_tma_launches: list = []
@@ -127,7 +131,7 @@ def test_fused_backward_with_dropout_equals_the_two_pass_backward(device):
     q, k, v, dout = qkv((2, 129, 4, 32), (2, 97, 2, 32), 32, device)
     grads = {}
     for det in (True, False):
-        with genoflash.use_backend("triton"):
+        with genoflash.use_backend("triton"), override_configs(one_pass=True):
             grads[det] = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
                 a, b, c, dropout_p=0.2, dropout_seed=5, causal=True, deterministic=det), q, k, v, dout)
     for name, a, b in zip(("out", "dq", "dk", "dv"), grads[True], grads[False]):
@@ -143,3 +147,26 @@ def test_default_is_the_deterministic_two_pass_backward(launches, device):
     with genoflash.use_backend("triton"):
         outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c), q, k, v, dout)
     assert launches == [("_attn_bwd_dkdv_kernel", False), ("_attn_bwd_dq_kernel", None)]
+
+
+def test_deterministic_false_takes_the_one_pass_backward_only_where_the_table_says(monkeypatch, device):
+    """No tile table entry takes the one-pass backward (slower on the H200), so deterministic=False
+    runs the two passes, whose Q-by-TMA choice in dK/dV stays the deterministic one's."""
+    seen = []
+    real_launch = backward.launch
+
+    def spy(kernel, grid, cfg, *args, **kw):
+        seen.append((kernel.fn.__name__, kw.get("FUSED_DQ"), kw.get("TMA")))
+        return real_launch(kernel, grid, cfg, *args, **kw)
+
+    monkeypatch.setattr(backward, "launch", spy)
+    torch.manual_seed(65)
+    q, k, v, dout = qkv((1, 65, 2, 32), (1, 65, 2, 32), 32, device)
+    runs = {}
+    for det in (True, False):
+        seen.clear()
+        with genoflash.use_backend("triton"):
+            outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, deterministic=det), q, k, v, dout)
+        runs[det] = list(seen)
+    assert [name for name, _, _ in runs[False]] == ["_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"]
+    assert runs[False] == runs[True]

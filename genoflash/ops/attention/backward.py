@@ -424,7 +424,10 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     # where the tile config says so.
     tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, dout)
     shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, TMA=tma, **constexprs)
-    dkdv_tma = tma and cfg.dkdv_q_by_tma and a.deterministic
+    # The one-pass backward (deterministic=False where the tile table takes it; below) keeps Q on
+    # pointer loads in its dK/dV pass.
+    fused = not a.deterministic and cfg.one_pass
+    dkdv_tma = tma and cfg.dkdv_q_by_tma and not fused
     dkdv_desc, dq_descs = None, [None, None]
     if dkdv_tma:
         dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
@@ -432,10 +435,10 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         dq_descs = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"]),
                     tile_descriptor(v, cfg.dq.block_n, block_dv)]
 
-    # deterministic=False: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
-    # accumulator by atomics (5 matmuls in all instead of 7: no dQ pass recomputing P and dP),
-    # and a light pass scales, unrotates and casts it.
-    fused = not a.deterministic
+    # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
+    # accumulator (5 matmuls in all instead of 7: no dQ pass recomputing P and dP), and a light
+    # pass scales, unrotates and casts it. Allowed by deterministic=False, taken where the tile
+    # table says it pays (BackwardConfig.one_pass).
     dkdv_cfg = (cfg.fused_dkdv or cfg.dkdv) if fused else cfg.dkdv
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else dq
     # Where TMA applies, each dQ share goes in as one bulk reduction by the copy engine. Not in

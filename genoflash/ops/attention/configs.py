@@ -32,9 +32,13 @@ class BackwardConfig:
     # through one (the dQ pass always streams K and V so). dO stays on pointer loads: by TMA
     # as well, the 255-register dK/dV kernel spilled or crashed ptxas (triton 3.6, sm_90).
     dkdv_q_by_tma: bool = False
-    # deterministic=False: the dK/dV pass also accumulates dQ (atomics), with its extra (BLOCK_M,
-    # D) float32 tile; None means the dkdv tiles.
-    fused_dkdv: TileConfig | None = None
+    # deterministic=False allows the one-pass backward: the dK/dV pass also accumulates dQ
+    # (atomics or TMA reductions), with its extra (BLOCK_M, D) float32 tile. one_pass says
+    # whether to take it when allowed; on the H200 it was slower than the two passes on every
+    # shape measured (364 against 444 TF/s fwd+bwd at H16 N16k hd128, 2026-11-30,
+    # results/h200-2026-11-30-tma-probe-7f94066.json), so no entry turns it on yet.
+    one_pass: bool = False
+    fused_dkdv: TileConfig | None = None  # the one-pass dK/dV tiles; None means the dkdv tiles
 
 
 # Uneven on purpose (BLOCK_M != BLOCK_N), like the GPU tilings, so CPU tests cross the same kinds
@@ -120,20 +124,28 @@ def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dt
 def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
                     device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False) -> BackwardConfig:
     if "backward" in _override:
-        return _override["backward"]  # type: ignore[return-value]
-    if device.type != "cuda" or triton_interpreted():
-        return _INTERPRETER_BWD
-    return _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout)
+        cfg = _override["backward"]
+    elif device.type != "cuda" or triton_interpreted():
+        cfg = _INTERPRETER_BWD
+    else:
+        cfg = _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout)
+    if "one_pass" in _override:
+        cfg = dataclasses.replace(cfg, one_pass=_override["one_pass"])
+    return cfg  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
-def override_configs(forward: TileConfig | None = None, backward: BackwardConfig | None = None):
-    """Force tile configs (tests use this to cover uneven tilings such as BLOCK_M != BLOCK_N)."""
+def override_configs(forward: TileConfig | None = None, backward: BackwardConfig | None = None,
+                     one_pass: bool | None = None):
+    """Force tile configs (tests use this to cover uneven tilings such as BLOCK_M != BLOCK_N),
+    or only whether deterministic=False takes the one-pass backward (tests and probes of it)."""
     saved = dict(_override)
     if forward is not None:
         _override["forward"] = forward
     if backward is not None:
         _override["backward"] = backward
+    if one_pass is not None:
+        _override["one_pass"] = one_pass
     try:
         yield
     finally:

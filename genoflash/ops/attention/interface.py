@@ -372,10 +372,12 @@ def flash_attn_func(
             query i at i + seqlen_k - seqlen_q), the first rotary_dim channels of each head.
         rotary_interleaved: GPT-J pairs (2m, 2m+1) instead of NeoX halves (m, m + rotary_dim/2).
         deterministic: True (the default): the triton backward writes every gradient element
-            from one program, without atomics, so two backward passes are bitwise equal. False:
-            the dK/dV pass also sums dQ with float32 atomics and the separate dQ pass (which
-            recomputes P and dP) is skipped; results then vary in the last bits from run to run.
-            The torch and reference backends are deterministic either way.
+            from one program, without atomics, so two backward passes are bitwise equal. False
+            allows a one-pass backward where the dK/dV pass also sums dQ in float32 (atomics or
+            TMA reductions) and the dQ pass (which recomputes P and dP) is skipped; its results
+            vary in the last bits from run to run. The tile table (configs.py) takes it only
+            where it was measured faster, and on the H200 it never was, so there False runs the
+            same two passes as True. The torch and reference backends are deterministic either way.
         return_attn_probs: flash-attn's testing output: returns (out, lse, None); the attention
             probabilities themselves are never materialised.
         return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
