@@ -92,8 +92,9 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     # Measured on the H200 as the forward: dK/dV chosen first, then dQ with the best dK/dV.
     # Q by TMA in dK/dV, measured (results/h200-2026-11-29-tma-probe-d32239f.json): hd64 fwd+bwd
     # 342 -> 373 TF/s, (64, 192) 356 -> 370; hd128 438 vs 439 (no gain), (128, 192) 335 -> 310.
-    # fused_dkdv (deterministic=False) tiles are chosen by the sm_90 compile report alone (no
-    # spills; benchmarks/offline_compile.py --fused), not yet timed: the dkdv tiles spill there.
+    # fused_dkdv: the one-pass backward's tiles, chosen by the sm_90 compile report (no spills;
+    # benchmarks/offline_compile.py --fused; the dkdv tiles spill there). Timed 2026-11-30 and
+    # slower than the two passes at every shape, so one_pass stays off (BackwardConfig).
     if widest <= 64:
         return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
                               fused_dkdv=TileConfig(64, 128, 8, 3))
