@@ -7,8 +7,8 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
     python benchmarks/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
 
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mamba (the
-selective scan) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward at the
-forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
+selective scan) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
+with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
 forces its tiles).
 """
@@ -186,11 +186,16 @@ def main(argv):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from fwd_variants_probe import probe_forward
         cfg = fwd or configs.forward_config(d, dv, False, dtype, gpu)
-        probe_forward(q.detach(), k.detach(), v.detach(), False, "tma", cfg.block_m, cfg.block_n, cfg.num_warps,
-                      cfg.num_stages)
+        for variant in ("tma", "tma+lazy"):
+            probe_forward(q.detach(), k.detach(), v.detach(), False, variant, cfg.block_m, cfg.block_n,
+                          cfg.num_warps, cfg.num_stages)
+    seen: dict[str, int] = {}
     for name, warps, stages, kernel in COMPILED:
         if name in ("_attn_bwd_preprocess_kernel", "_attn_bwd_dq_convert_kernel"):
             continue
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:  # another variant of the same kernel (probe: tma, then tma+lazy)
+            name = f"{name}-{seen[name]}"
         print(f"{case} {args.dtype} d={d} dv={dv} r={rotary_dim if 'rope' in case else 0} {name:<22} warps {warps} "
               f"stages {stages} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")
         if args.sass:
