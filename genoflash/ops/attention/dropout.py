@@ -28,6 +28,12 @@ _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 
 
+def dropout_threshold(p: float) -> int:
+    """p rounded to a multiple of 1/256, as the 8-bit threshold the kernels compare with; half
+    up, so p = 1/512 is the smallest p that drops anything."""
+    return int(p * 256 + 0.5)
+
+
 @dataclasses.dataclass(frozen=True)
 class DropoutArgs:
     p: float
@@ -37,7 +43,7 @@ class DropoutArgs:
     @property
     def threshold(self) -> int:
         """8-bit threshold: a score is dropped when its 8 random bits fall below it."""
-        return int(self.p * 256 + 0.5)  # half up: p = 1/512 is the smallest that drops anything
+        return dropout_threshold(self.p)
 
     @property
     def effective_p(self) -> float:

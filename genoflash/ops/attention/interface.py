@@ -14,7 +14,7 @@ from ...backends import select_backend, triton_interpreted
 from ...rotary import apply_rotary
 from . import chunked, reference
 from .args import AttentionArgs
-from .dropout import DropoutArgs, draw_seed_and_offset
+from .dropout import DropoutArgs, draw_seed_and_offset, dropout_threshold
 
 MAX_HEADDIM = 256
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -165,10 +165,11 @@ def _check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
         return None
     # The kernels draw 8 random bits per score (dropout.py), so p is rounded to a multiple of
     # 1/256; a p that rounds to 0 or to 1 would silently mean no dropout or dropping everything.
-    if not 0 < int(dropout_p * 256 + 0.5) < 256:  # DropoutArgs.threshold's rounding
+    threshold = dropout_threshold(dropout_p)
+    if not 0 < threshold < 256:
         raise ValueError(f"dropout_p must be 0 or in [1/512, 1 - 1/512): the kernels draw 8 random bits per "
                          f"score and round p to a multiple of 1/256, which would turn {dropout_p} into "
-                         f"{int(dropout_p * 256 + 0.5)}/256")
+                         f"{threshold}/256")
     if seed is None:
         seed, offset = draw_seed_and_offset()
     for name, value, limit in (("dropout_seed", seed, 2**63), ("dropout_offset", offset, 2**31)):
