@@ -73,9 +73,40 @@ def ptxas_report(kernel) -> str:
     return f"regs {regs.group(1) if regs else '?'} spill-stores {spill.group(1) if spill else '?'}"
 
 
+def _opcode(instruction: str) -> str:
+    """'@!P0 IMAD.WIDE.U32 R2, ...' -> 'IMAD' (predicate and modifiers dropped)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
+
+
+def mma_loops(sass: str) -> list[tuple[int, int, dict]]:
+    """(start, end, opcode counts) of each loop (a backward branch) holding tensor-core
+    instructions (HGMMA), innermost first, then in program order: the key loops whose per-tile
+    work this tool compares."""
+    from collections import Counter
+    labels, instrs = {}, []
+    for line in sass.splitlines():
+        label = re.match(r"^\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(instrs)
+        ins = re.match(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if ins:
+            instrs.append(ins.group(1))
+    loops = []
+    for end, ins in enumerate(instrs):
+        target = re.search(r"BRA\s+(?:`\()?(\.L_x_\d+)", ins)
+        if target and labels.get(target.group(1), end + 1) < end:
+            ops = Counter(_opcode(i) for i in instrs[labels[target.group(1)]:end + 1])
+            if ops.get("HGMMA"):
+                loops.append((labels[target.group(1)], end, ops))
+
+    def holds_another(loop):
+        return any(other is not loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops)
+    return sorted(loops, key=lambda loop: (holds_another(loop), loop[0]))
+
+
 def dump_sass(kernel, path: str) -> dict:
     """Write the kernel's SASS (nvdisasm of the cubin Triton built) to `path`; returns the count of
-    each opcode (for comparing two kernels' instruction mix)."""
+    each opcode (for comparing two kernels' instruction mix) and prints the innermost key loops."""
     from collections import Counter
 
     from triton.backends.nvidia.compiler import get_ptxas
@@ -85,6 +116,11 @@ def dump_sass(kernel, path: str) -> dict:
     sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
     with open(path, "w") as out:
         out.write(sass)
+    # The innermost loops come first, in program order: the key loops (in the forward, the whole
+    # tiles' loop, then the masked tiles'). A loop at BLOCK_N 64 counts half the keys of one at 128.
+    for start, end, ops in mma_loops(sass)[:3]:
+        print(f"    loop [{start}..{end}]: {end + 1 - start} instructions:",
+              " ".join(f"{op} {n}" for op, n in ops.most_common(14)))
     ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, flags=re.M)
     return Counter(op.split(".")[0] for op in ops)
 
