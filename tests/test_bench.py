@@ -149,12 +149,12 @@ def test_bench_ring_runs_on_gloo_ranks(tmp_path):
     assert path.with_suffix(".png").exists()
 
 
-def _demo_summary(run_dir, distance, seq_len, accuracies):
+def _demo_summary(run_dir, distance, seq_len, accuracies, lr=3e-3):
     run_dir.mkdir(parents=True)
     summary = {name: {"accuracy": acc, "auroc": acc, "seconds": 1.0, "layer_pattern": name[0].upper()}
                for name, acc in accuracies.items()}
     summary["config"] = dict(seq_len=seq_len, distance=distance, sites=4, spacer=0, steps=10, batch_size=16,
-                             grad_accum=8, dim=128, depth=2, window_size=8, seed=0, device="cuda")
+                             grad_accum=8, lr=lr, dim=128, depth=2, window_size=8, seed=0, device="cuda")
     (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
@@ -163,19 +163,22 @@ def test_bench_quality_tables_accuracy_against_distance(tmp_path, capsys):
     from genoflash.cli import main as cli_main
 
     # Given out of order, the shortest task's models trained in two runs, and the longest run
-    # without a Mamba model: merged, sorted by distance, a blank cell.
+    # without a Mamba model: merged, sorted by distance, a blank cell. A run at another learning
+    # rate is a row of its own, after the larger rate's.
     _demo_summary(tmp_path / "L8192", 4096, 8192, {"full attention": 1.0, "Hyena": 0.61})
+    _demo_summary(tmp_path / "L2048-M-lr1e-3", 1024, 2048, {"Mamba (BiMamba)": 0.9}, lr=1e-3)
     _demo_summary(tmp_path / "L2048-G,H", 1024, 2048, {"full attention": 0.98, "Hyena": 0.5})
     _demo_summary(tmp_path / "L2048-M", 1024, 2048, {"Mamba (BiMamba)": 0.75})
-    assert cli_main(["bench", "quality", str(tmp_path / "L8192"), str(tmp_path / "L2048-G,H"),
-                     str(tmp_path / "L2048-M"), "--out", str(tmp_path / "out")]) == 0
+    assert cli_main(["bench", "quality", str(tmp_path / "L8192"), str(tmp_path / "L2048-M-lr1e-3"),
+                     str(tmp_path / "L2048-G,H"), str(tmp_path / "L2048-M"), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 1,024") or line.startswith("| 4,096")]
-    assert rows == ["| 1,024 | 2,048 | 10 x 128 | 0.980 | 0.500 | 0.750 |",
-                    "| 4,096 | 8,192 | 10 x 128 | 1.000 | 0.610 |  |"]
+    assert rows == ["| 1,024 | 2,048 | 10 x 128 | 0.003 | 0.980 | 0.500 | 0.750 |",
+                    "| 1,024 | 2,048 | 10 x 128 | 0.001 |  |  | 0.900 |",
+                    "| 4,096 | 8,192 | 10 x 128 | 0.003 | 1.000 | 0.610 |  |"]
     [report] = (tmp_path / "out").glob("*-quality.json")
     runs = json.loads(report.read_text())["runs"]
-    assert [r["distance"] for r in runs] == [1024, 4096] and runs[0]["models"]["Hyena"]["accuracy"] == 0.5
+    assert [r["distance"] for r in runs] == [1024, 1024, 4096] and runs[0]["models"]["Hyena"]["accuracy"] == 0.5
     assert report.with_suffix(".png").stat().st_size > 0
     with pytest.raises(FileNotFoundError, match="summary.json"):
         quality.collect([tmp_path / "nowhere"])

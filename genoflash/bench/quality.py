@@ -19,13 +19,13 @@ from .records import run_metadata, results_stem
 
 # Per-model fields copied from each run's summary, and the run config fields that say what was trained.
 MODEL_FIELDS = ("accuracy", "auroc", "seconds", "layer_pattern")
-CONFIG_FIELDS = ("seq_len", "distance", "sites", "spacer", "steps", "batch_size", "grad_accum", "dim", "depth",
+CONFIG_FIELDS = ("seq_len", "distance", "sites", "spacer", "steps", "batch_size", "grad_accum", "lr", "dim", "depth",
                  "window_size", "seed", "device")
 
 
 def collect(run_dirs: list[Path]) -> list[dict]:
     """One record per task and budget, sorted by distance: the config fields, the run
-    directories and {model: fields}. Runs of the same task and budget whose models were
+    directories and {model: fields}. Runs of the same task, budget and learning rate whose models were
     trained apart (e.g. on two GPUs, or in two device calls) are merged into one record."""
     merged: dict[tuple, dict] = {}
     for run_dir in run_dirs:
@@ -44,18 +44,20 @@ def collect(run_dirs: list[Path]) -> list[dict]:
                 raise ValueError(f"{name} at distance {config.get('distance')} appears in more than one run "
                                  f"({', '.join(record['runs'])}): keep one")
             record["models"][name] = {k: rec.get(k) for k in MODEL_FIELDS}
-    return sorted(merged.values(), key=lambda r: (r["distance"], r["seq_len"]))
+    return sorted(merged.values(), key=lambda r: (r["distance"], r["seq_len"], -(r["lr"] or 0)))
 
 
 def table(runs: list[dict]) -> str:
     """Markdown: held-out accuracy per distance (rows) and model (columns)."""
     models = list(dict.fromkeys(name for r in runs for name in r["models"]))
-    lines = ["| distance | length | steps x batch | " + " | ".join(models) + " |",
-             "|---" * (len(models) + 3) + "|"]
+    lines = ["| distance | length | steps x batch | lr | " + " | ".join(models) + " |",
+             "|---" * (len(models) + 4) + "|"]
     for r in runs:
         cells = [f"{r['models'][m]['accuracy']:.3f}" if m in r["models"] else "" for m in models]
         batch = r["batch_size"] * (r["grad_accum"] or 1)
-        lines.append(f"| {r['distance']:,} | {r['seq_len']:,} | {r['steps']} x {batch} | " + " | ".join(cells) + " |")
+        lr = "" if r["lr"] is None else f"{r['lr']:g}"
+        lines.append(f"| {r['distance']:,} | {r['seq_len']:,} | {r['steps']} x {batch} | {lr} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -65,9 +67,11 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for model in dict.fromkeys(name for r in runs for name in r["models"]):
-        points = [(r["distance"], r["models"][model]["accuracy"]) for r in runs if model in r["models"]]
-        ax.plot(*zip(*points), "o-", label=model)
+    several_lrs = len({r["lr"] for r in runs}) > 1  # then a line per (model, learning rate)
+    for model, lr in dict.fromkeys((name, r["lr"] if several_lrs else None) for r in runs for name in r["models"]):
+        points = [(r["distance"], r["models"][model]["accuracy"]) for r in runs
+                  if model in r["models"] and (lr is None or r["lr"] == lr)]
+        ax.plot(*zip(*points), "o-", label=model if lr is None else f"{model}, lr {lr:g}")
     ax.axhline(0.5, color="grey", linestyle=":", label="chance")
     ax.set(xscale="log", xlabel="distance between the elements (bp)", ylabel="held-out accuracy", ylim=(0.3, 1.02),
            title="synthetic long-range task")

@@ -48,6 +48,8 @@ class DNALMConfig:
         hyena_l_max: the longest sequence a Hyena layer's implicit filters are defined for
             (positions are normalised by it; cost does not depend on it).
         hyena_order: (long convolution, gate) steps per Hyena layer.
+        hyena_normalize_filters: divide each implicit filter by its window's sum, so outputs
+            stay bounded at any l_max (off, as in HyenaDNA: see `HyenaFilter`).
         mamba_d_state: state size per channel of a Mamba layer (M; BiMamba when not causal).
         gradient_checkpointing: recompute each block in the backward instead of storing
             its activations (training only).
@@ -69,6 +71,7 @@ class DNALMConfig:
     mixer: str = "attention"
     hyena_l_max: int = 1 << 20
     hyena_order: int = 2
+    hyena_normalize_filters: bool = False
     mamba_d_state: int = 16
     gradient_checkpointing: bool = False
     tie_embeddings: bool = True
@@ -115,7 +118,8 @@ class HyenaMixer(nn.Module):
 
     def __init__(self, config: DNALMConfig):
         super().__init__()
-        self.hyena = HyenaOperator(config.dim, config.hyena_l_max, order=config.hyena_order, causal=config.causal)
+        self.hyena = HyenaOperator(config.dim, config.hyena_l_max, order=config.hyena_order, causal=config.causal,
+                                   normalize_filters=config.hyena_normalize_filters)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 max_seqlen: int | None = None) -> torch.Tensor:

@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--" + name.replace("_", "-"), type=int, help="override the device default")
     parser.add_argument("--grad-accum", type=int, help="micro-batches of --batch-size per optimizer step "
                         "(effective batch = batch size x grad accum); overrides the device default")
+    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate, constant after warm-up "
+                        "(default 3e-3)")
     parser.add_argument("--mixers", default="G,L", help="models to train, comma-separated layer letters: "
                         "G full attention, L local attention, H Hyena, M Mamba (default: G,L)")
     return parser
@@ -93,7 +95,7 @@ def configs(args: argparse.Namespace) -> dict[str, TrainConfig]:
     # whose length varies with the seed (150-250 steps at CPU size), and a decaying rate
     # stretched the slowest seeds' plateau past the budget.
     base = TrainConfig(task="synthetic", depth=2, nheads=4 if sizes["dim"] >= 32 else 2, seed=args.seed,
-                       lr=3e-3, min_lr=3e-3,
+                       lr=args.lr, min_lr=args.lr,
                        device=str(device), progress=args.progress, log_every=max(1, sizes["steps"] // 50),
                        eval_every=max(1, sizes["steps"] // 5), checkpoint_every=sizes["steps"], **sizes)
     # Both elements must be separable by more than the local model can span: a position whose
