@@ -20,7 +20,9 @@ compile is reported and skipped. Writes one JSON with every (shape, variant, til
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import time
 
 import torch
@@ -213,7 +215,9 @@ def main():
             rows[-1]["wall_s"] = round(time.time() - t0, 1)
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           triton=triton.__version__, rows=rows), f, indent=1)
+                           triton=triton.__version__, commit=os.environ.get("GENOFLASH_COMMIT", "unknown"),
+                           date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 The keep decision for score (b, h, i, j) (b the batch element, or the sequence index in a
 varlen batch; i, j positions inside the sequence) is a pure function of
 (seed, offset, b * nheads + h, i, j):
-    words = Philox4x32-10(key = seed, counter = (j // 16, i, b * nheads + h, offset))
+    words = Philox4x32-7(key = seed, counter = (j // 16, i, b * nheads + h, offset))
     byte  = (words[(j % 16) // 4] >> (8 * (j % 4))) & 255
     keep  = byte >= floor(p * 256 + 1/2)
 One Philox call (128 random bits) serves sixteen neighbouring keys, eight bits each, as in
-flash-attn 2. Bits are what dropout costs: at 24 bits per score (four keys per call) Philox
+flash-attn 2, and runs 7 rounds, as flash-attn 2's does (Random123's authors found 7 rounds of
+Philox4x32 pass BigCrush; 10 is their default safety margin): Philox is most of dropout's cost. Bits are what dropout costs: at 24 bits per score (four keys per call) Philox
 took 60% of the forward's time on the H200 (benchmarks/NOTES.md). The price is that p is
 rounded to a multiple of 1/256 (`DropoutArgs.effective_p`); kept scores are scaled by
 1 / (1 - effective_p), so the expectation of the output stays exactly the undropped one.
@@ -26,6 +27,8 @@ _M32 = 0xFFFFFFFF
 # Philox4x32 constants (Salmon et al., 2011), as triton.language.philox uses them.
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+# Rounds per Philox call, here and in the kernels (mask._dropout_keep passes it to tl.philox).
+PHILOX_ROUNDS = 7
 
 
 def dropout_threshold(p: float) -> int:
@@ -86,8 +89,9 @@ def _mulhilo(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ah * bh + (mid >> 16), ((mid & 0xFFFF) << 16) | (t & 0xFFFF)
 
 
-def philox4x32(seed: int, c0, c1, c2, c3, rounds: int = 10):
-    """Philox4x32 in PyTorch, bit-identical to triton.language.philox for uint32 counters."""
+def philox4x32(seed: int, c0, c1, c2, c3, rounds: int = PHILOX_ROUNDS):
+    """Philox4x32 in PyTorch, bit-identical to triton.language.philox (same n_rounds) for uint32
+    counters."""
     k0, k1 = seed & _M32, (seed >> 32) & _M32
     for _ in range(rounds):
         hi_b, lo_b = _mulhilo(c2, _ROUND_B)

@@ -8,6 +8,10 @@ so one helper serves the forward, dQ and the transposed dK/dV frames alike.
 import triton
 import triton.language as tl
 
+from .dropout import PHILOX_ROUNDS
+
+_PHILOX_ROUNDS = tl.constexpr(PHILOX_ROUNDS)
+
 
 @triton.jit
 def _visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT: tl.constexpr,
@@ -39,7 +43,7 @@ def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.conste
     c1 = (rows[:, None] + 0 * groups).to(tl.uint32)
     zero = tl.zeros_like(c0)
     seed = seed.to(tl.uint64) & 0x7FFFFFFFFFFFFFFF  # clear dropout.KERNEL_SEED_TAG: the key is seed < 2^63
-    w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero + offset)
+    w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero + offset, n_rounds=_PHILOX_ROUNDS)
     # tl.join(x, y) stacks along a new last axis, so join(join(w0, w2), join(w1, w3)) holds w(2a + b)
     # at [..., a, b], and the row-major reshape puts the words side by side: word k of group g
     # serves keys 16g + 4k .. 16g + 4k + 3 (word q = 4g + k of the row).
