@@ -318,16 +318,20 @@ def test_window_sum_is_the_sum_over_every_lag(causal):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "two-sided"])
-def test_output_scale_does_not_grow_with_l_max(causal):
-    """Without the window normalisation an order-2 operator's output grows like l_max^2
-    (x4096 from l_max 256 to 16,384); with it the scale stays put."""
+def test_output_scale_with_and_without_filter_normalisation(causal):
+    """HyenaDNA's unnormalised filters (the default): an order-2 operator's output grows like
+    l_max^2 (x4096 from l_max 256 to 16,384). normalize_filters=True divides each filter by its
+    window's sum, and the scale stays put."""
     stds = {}
-    for l_max in (256, 16384):
-        torch.manual_seed(0)
-        layer = HyenaOperator(d_model=8, l_max=l_max, order=2, filter_order=16, causal=causal)
-        with torch.no_grad():
-            stds[l_max] = layer(torch.randn(1, l_max, 8)).std().item()
-    assert 0.25 < stds[16384] / stds[256] < 4.0, stds
+    for normalize in (False, True):
+        for l_max in (256, 16384):
+            torch.manual_seed(0)
+            layer = HyenaOperator(d_model=8, l_max=l_max, order=2, filter_order=16, causal=causal,
+                                  normalize_filters=normalize)
+            with torch.no_grad():
+                stds[normalize, l_max] = layer(torch.randn(1, l_max, 8)).std().item()
+    assert 0.25 < stds[True, 16384] / stds[True, 256] < 4.0, stds
+    assert stds[False, 16384] / stds[False, 256] > 100.0, stds
 
 
 # ---------------------------------------------------------------- fftconv_channels_first
