@@ -180,6 +180,11 @@ def test_bench_quality_tables_accuracy_against_distance(tmp_path, capsys):
     runs = json.loads(report.read_text())["runs"]
     assert [r["distance"] for r in runs] == [1024, 1024, 4096] and runs[0]["models"]["Hyena"]["accuracy"] == 0.5
     assert report.with_suffix(".png").stat().st_size > 0
+    # Runs copied back from a GPU and merged on another machine: --device names the report.
+    assert cli_main(["bench", "quality", str(tmp_path / "L8192"), "--out", str(tmp_path / "merged"),
+                     "--device", "NVIDIA H200"]) == 0
+    [merged] = (tmp_path / "merged").glob("*-quality.json")
+    assert merged.name.startswith("h200-") and json.loads(merged.read_text())["metadata"]["device"] == "NVIDIA H200"
     with pytest.raises(FileNotFoundError, match="summary.json"):
         quality.collect([tmp_path / "nowhere"])
     with pytest.raises(ValueError, match="more than one run"):

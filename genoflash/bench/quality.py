@@ -6,7 +6,7 @@ directory is what `genoflash demo --mixers G,L,H,M --out-dir DIR ...` wrote at o
 table (a row per distance, a column per model) and one plot of accuracy against distance.
 Only what the runs measured goes in: a model missing at a distance is left blank.
 
-    genoflash bench quality RUN_DIR [RUN_DIR ...] [--out benchmarks/results]
+    genoflash bench quality RUN_DIR [RUN_DIR ...] [--out benchmarks/results] [--device "NVIDIA H200"]
 """
 
 from __future__ import annotations
@@ -66,16 +66,27 @@ def plot(runs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    several_lrs = len({r["lr"] for r in runs}) > 1  # then a line per (model, learning rate)
-    for model, lr in dict.fromkeys((name, r["lr"] if several_lrs else None) for r in runs for name in r["models"]):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # A line per (model, learning rate, step budget): runs at a second rate, or with more steps
+    # than the shortest budget at their distance, are series of their own.
+    several_lrs = len({r["lr"] for r in runs}) > 1
+    fewest = {}
+    for r in runs:
+        fewest[r["distance"]] = min(fewest.get(r["distance"], r["steps"]), r["steps"])
+
+    def series(r: dict, model: str) -> tuple:
+        return model, r["lr"] if several_lrs else None, r["steps"] / fewest[r["distance"]]
+
+    for key in dict.fromkeys(series(r, name) for r in runs for name in r["models"]):
+        model, lr, budget = key
         points = [(r["distance"], r["models"][model]["accuracy"]) for r in runs
-                  if model in r["models"] and (lr is None or r["lr"] == lr)]
-        ax.plot(*zip(*points), "o-", label=model if lr is None else f"{model}, lr {lr:g}")
+                  if model in r["models"] and series(r, model) == key]
+        label = model + (f", lr {lr:g}" if lr is not None else "") + (f", {budget:g}x steps" if budget != 1 else "")
+        ax.plot(*zip(*points), "o-", label=label)
     ax.axhline(0.5, color="grey", linestyle=":", label="chance")
     ax.set(xscale="log", xlabel="distance between the elements (bp)", ylabel="held-out accuracy", ylim=(0.3, 1.02),
            title="synthetic long-range task")
-    ax.legend()
+    ax.legend(fontsize=7, loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -85,12 +96,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench quality", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="demo output directories (each with summary.json)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--device", help="the GPU the runs trained on (e.g. 'NVIDIA H200'), when merging "
+                        "them elsewhere; it names the report. Default: this machine's")
     args = parser.parse_args(argv)
     runs = collect(args.runs)
-    # Run where the demos ran (the ladder script does), so that the metadata's device is theirs;
-    # each run also records its own ("cuda" or "cpu").
-    report = {"metadata": run_metadata(method="held-out accuracy of `genoflash demo` runs, one seed each"),
-              "runs": runs}
+    # The metadata's device names the report: run where the demos ran (the ladder script does),
+    # or say which with --device. Each run also records its own ("cuda" or "cpu").
+    metadata = run_metadata(method="held-out accuracy of `genoflash demo` runs, one seed each")
+    if args.device:
+        metadata.update(device=args.device, merged_on=run_metadata()["device"])
+    report = {"metadata": metadata, "runs": runs}
     stem = results_stem(args.out, report["metadata"], "quality")
     Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(runs, Path(f"{stem}.png"))
