@@ -125,6 +125,26 @@ def test_grad_accum_must_be_a_positive_integer(bad):
         TrainConfig(grad_accum=bad)
 
 
+@pytest.mark.parametrize("field, bad, message", [
+    ("lr", 0.0, "lr must be a positive number"), ("lr", float("nan"), "lr must be a positive number"),
+    ("min_lr", -1e-4, r"min_lr must be in \[0, lr"), ("min_lr", 1.0, r"min_lr must be in \[0, lr"),
+    ("weight_decay", -0.1, "weight_decay must be a number >= 0"), ("grad_clip", float("inf"), "grad_clip must be"),
+    ("warmup_steps", -1, "warmup_steps must be >= 0")])
+def test_optimizer_settings_out_of_range_are_errors(field, bad, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{field: bad})
+
+
+def test_demo_lr_flag_reaches_every_model(tmp_path):
+    from genoflash.train import demo
+    args = demo.build_parser().parse_args(["--quick", "--device", "cpu", "--lr", "1e-3", "--mixers", "G,H",
+                                           "--out-dir", str(tmp_path)])
+    assert {cfg.lr for cfg in demo.configs(args).values()} == {1e-3}
+    assert {cfg.min_lr for cfg in demo.configs(args).values()} == {1e-3}
+    with pytest.raises(ValueError, match="lr must be a positive number"):
+        demo.configs(demo.build_parser().parse_args(["--quick", "--device", "cpu", "--lr", "-1"]))
+
+
 @pytest.mark.parametrize("bad", ["0", "-1"])
 def test_grad_accum_flag_rejects_non_positive(bad):
     with pytest.raises(ValueError, match=f"must be a positive integer, got {bad}"):

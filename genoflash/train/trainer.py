@@ -124,6 +124,16 @@ class TrainConfig:
         if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
             raise ValueError(f"grad_accum (micro-batches per optimizer step) must be a positive integer, "
                              f"got {self.grad_accum!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr must be in [0, lr = {self.lr}], got {self.min_lr!r}")
+        for name in ("weight_decay", "grad_clip"):  # grad_clip 0: no clipping
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps!r}")
         if self.context_parallel and self.task != "lm":
             raise ValueError("context_parallel shards long sequences of the lm task; the synthetic "
                              "classifier pools over the whole sequence and is not supported")
