@@ -108,10 +108,11 @@ class HyenaFilter(nn.Module):
             without this a convolution's output grows like l_max, and an order-2 operator's
             like l_max^2: 10^12 at a million tokens. The divisor does not depend on seqlen, so
             the prefix/centre property above still holds. Off by default, as in HyenaDNA: with
-            it on, a 2-layer Hyena classifier stayed at chance on the demo's long-range task
-            (224 bp, 300 steps; also with the square root of the sum as divisor) where the
-            unnormalised filters learned it (0.996 accuracy). The block's pre-norm absorbs the
-            growth; the option is for callers who need bounded outputs.
+            it on (or with the square root of the sum as divisor), a 2-layer Hyena classifier
+            stayed at chance on the demo's long-range task (224 bp, 300 steps, seed 0), which
+            the unnormalised filters learned (0.996; 3 of 8 seed and learning-rate runs did,
+            benchmarks/results/cpu-2core-2026-11-30-quality-224bp-seeds.json). The block's
+            pre-norm absorbs the growth; the option is for callers who need bounded outputs.
     """
 
     def __init__(self, d_model: int, order: int, l_max: int, filter_order: int = 64, causal: bool = True,
