@@ -194,3 +194,28 @@ def test_attention_layer_uses_rotary_and_caches_tables(device):
     assert not torch.allclose(plain(x), out)
     out.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_attention_layer_reads_float16_tables_for_16bit_inputs(device):
+    """16-bit q and k get float16 tables (faster kernels); the result stays within the rule
+    against float64 attention on exactly rotated q and k, as the float32 tables' result does."""
+    torch.manual_seed(35)
+    layer = MultiHeadAttention(64, nheads=4, causal=True).to(device, DTYPE)
+    x = torch.randn(2, 50, 64, device=device, dtype=DTYPE)
+    q = layer.q_proj(x).view(2, 50, 4, 16)
+    k, v = layer.kv_proj(x).view(2, 50, 2, 4, 16).unbind(-3)
+    cos16, sin16 = layer.rotary_tables_for(50, q)
+    assert cos16.dtype == sin16.dtype == torch.float16
+    assert layer.rotary_tables_for(50, q.float())[0].dtype == torch.float32
+    with torch.no_grad():
+        out = layer(x)
+        fused = genoflash.flash_attn_func(q, k, v, causal=True, rotary_cos=cos16, rotary_sin=sin16)
+        torch.testing.assert_close(out, layer.out_proj(fused.reshape(2, 50, 64)), rtol=0, atol=0)
+        cos32, sin32 = layer.rotary(50, device)  # float32 angles, the exact rotation's stand-in
+        with32 = genoflash.flash_attn_func(q, k, v, causal=True, rotary_cos=cos32, rotary_sin=sin32)
+        truth = rope_then_attention(cos32.double(), sin32.double(), False, causal=True)(
+            q.double(), k.double(), v.double())
+    err16 = (fused.double() - truth).abs().max().item()
+    err32 = (with32.double() - truth).abs().max().item()
+    assert err16 <= 2 * err32 + 1e-5, (err16, err32)
+

@@ -42,7 +42,7 @@ class ContextParallel:
         """Ring attention for a MultiHeadAttention layer over its shard."""
         cos = sin = None
         if layer.rotary is not None:
-            cos, sin = layer.rotary(q.shape[1] * self.world_size, q.device)
+            cos, sin = layer.rotary_tables_for(q.shape[1] * self.world_size, q)
         return ring_flash_attn_func(q, k, v, group=self.group, causal=layer.causal, softcap=layer.softcap,
                                     layout=self.layout, rotary_cos=cos, rotary_sin=sin,
                                     rotary_interleaved=layer.rotary_interleaved)
