@@ -171,7 +171,8 @@ def main(argv):
     def tma_on_sm90(varlen, rotary_dim, *tensors):
         return (not args.no_tma and not varlen and not rotary_dim
                 and all(t.dim() == 4 and descriptors._aligned(t) for t in tensors))
-    fwd_mod.tma_applies = bwd_mod.tma_applies = tma_on_sm90
+    # descriptors.tma_applies too: rope_tma_applies (the forward's RoPE path) asks it.
+    fwd_mod.tma_applies = bwd_mod.tma_applies = descriptors.tma_applies = tma_on_sm90
 
     case, d = args.case, args.d
     dv = args.dv or d

@@ -178,6 +178,29 @@ def test_rotary_bad_input():
         genoflash.flash_attn_func(q, q, q, rotary_cos=cos[0], rotary_sin=sin[0])
 
 
+@pytest.mark.parametrize("d,rotary_dim,table_dtype,interleaved,takes_tma", [
+    (64, 64, torch.float32, False, True),    # all channels rotated
+    (64, 32, torch.float16, False, True),    # pass-through channels by a second box; 16-bit tables
+    (48, 16, torch.float32, False, True),    # halves of 8: boxes of 16 reach into the next group
+    (40, 24, torch.float32, False, False),   # the second half would start 24 bytes in: pointers
+    (64, 64, torch.float32, True, False),    # interleaved pairs are not two boxes: pointers
+], ids=["d64-r64", "d64-r32-fp16", "d48-r16", "d40-r24", "interleaved"])
+def test_forward_takes_k_and_tables_by_tma_where_they_allow_it(d, rotary_dim, table_dtype, interleaved, takes_tma,
+                                                                 monkeypatch, device):
+    """With RoPE the forward can take K's NeoX halves, its pass-through channels and both
+    tables through TMA descriptors (rotary._load_qk_tma); the backward keeps pointer loads.
+    Causal with seqlen_q != seqlen_k and lengths off the tiles, so boxes run past the ends."""
+    from genoflash.ops.attention import forward
+
+    seen = []
+    real_launch = forward.launch
+    monkeypatch.setattr(forward, "launch", lambda *a, **kw: (seen.append(kw["TMA"]), real_launch(*a, **kw)))
+    torch.manual_seed(d + rotary_dim)
+    hopper = device.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
+    check("triton", device, 2, 61, 133, 2, 1, d, rotary_dim, interleaved, table_dtype=table_dtype, causal=True)
+    assert seen == [takes_tma and hopper]
+
+
 # ---------------------------------------------------------------- layer
 
 def test_attention_layer_uses_rotary_and_caches_tables(device):

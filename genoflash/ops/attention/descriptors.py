@@ -9,8 +9,9 @@ Measured on the H200 (benchmarks/results/h200-2026-11-29-fwd-variants-6ab574d.js
 minimal forward at hd128 went from 491 TF/s with pointer loads to 532 with 4-D descriptors.
 
 Used where they apply: fixed-length batches (a varlen tile that runs past its sequence would
-read its neighbour, not zeros), no RoPE (its tiles are loaded as channel groups), and
-tensors whose base and strides meet the copy engine's 16-byte alignment. Everything else
+read its neighbour, not zeros) and tensors whose base and strides meet the copy engine's
+16-byte alignment. With RoPE only the forward's K (NeoX halves, one box each) and its tables
+take them (`rope_tma_applies`); the backward's RoPE tiles keep pointer loads. Everything else
 takes the pointer loads. Under the Triton interpreter descriptors work too, so CPU tests
 run this path.
 """
@@ -56,6 +57,28 @@ def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:
         if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
             return False
     return all(t.dim() == 4 and _aligned(t) for t in tensors)
+
+
+def rope_tma_applies(varlen: bool, interleaved: bool, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                     *tensors: torch.Tensor) -> bool:
+    """Whether the forward takes K's NeoX halves and the RoPE tables through descriptors
+    (rotary.py, `_load_qk_tma`): fixed-length batches, NeoX halves (interleaved pairs are not
+    two contiguous boxes), and tables whose rows meet the copy engine's alignment."""
+    if cos is None or interleaved:
+        return False
+    # The second half's box starts at channel R/2 and the pass-through's at R: box starts along
+    # the contiguous dim must be 16-byte aligned too.
+    half_bytes = cos.shape[1] * tensors[0].element_size()
+    return (half_bytes % 16 == 0 and tma_applies(varlen, 0, *tensors)
+            and all(t.dim() == 2 and _aligned(t) for t in (cos, sin)))
+
+
+def table_descriptor(t: torch.Tensor, block_rows: int, block_r: int):
+    """Descriptor of a (seqlen, rotary_dim / 2) cos or sin table for (block_rows, block_r) boxes;
+    columns past rotary_dim / 2 and rows past the table read as 0."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_rows, block_r])
 
 
 def tile_descriptor(t: torch.Tensor, block_rows: int, block_d: int):

@@ -17,11 +17,11 @@ from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
-from .descriptors import tile_descriptor, tma_applies
+from .descriptors import rope_tma_applies, table_descriptor, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
 from .mask import _dropout_keep, _mask_scores
-from .rotary import _load_qk, _qk_dot
+from .rotary import _load_qk, _load_qk_tma, _qk_dot
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
@@ -30,7 +30,8 @@ from .tiles import _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
 
 
 @triton.jit
-def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk, stride_kn,
+def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc, sin_desc,
+                    off_b, off_hk, stride_kn,
                     stride_vn, start_m, lo, hi,
                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                     slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
@@ -53,14 +54,20 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, o
         cols = (start_n + offs_n)[None, :]
         # Only masked tiles can hold the seqlen_k tail, so only they check rows.
         # With RoPE, key j sits at position j and the K tile is rotated as it arrives.
-        if TMA:  # no RoPE here (host check): the tile is one channel group, zero-filled past the end
-            kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
+        if TMA:  # the tile through the copy engine, zero-filled past the end
+            if ROTARY_DIM > 0:  # NeoX halves and their tables by TMA too (host check), rotated here
+                ka, kb, kp = _load_qk_tma(k_desc, kp_desc, cos_desc, sin_desc, off_b, start_n, off_hk,
+                                          HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_N, qp.dtype)
+            else:  # one channel group
+                kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
+                ka = kp  # the rotary groups do not exist without RoPE; _qk_dot never reads them
+                kb = kp
             # V is asked for beside K, so the pipeliner gives both copies one barrier and one
             # wait per tile; asked for after the softmax, V got a barrier and wait of its own
             # between the two dots (sm_90 SASS; fwd_variants_probe's minimal kernel, which
             # loads them together, measured 5-11% faster with the same loop body).
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
-            s = _qk_dot(qa, qb, qp, kp, kp, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+            s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         else:
             ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
                                   start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
@@ -92,7 +99,7 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, o
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
-    q_desc, k_desc, v_desc, o_desc,
+    q_desc, k_desc, v_desc, o_desc, kp_desc, cos_desc, sin_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -120,7 +127,7 @@ def _attn_fwd_kernel(
     # The Q tile is loaded (and rotated) once and stays on chip for the whole key loop.
     # With RoPE, query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment).
     # TMA (descriptors.py): fixed-length batches without RoPE take their tiles through the copy engine.
-    if TMA:
+    if TMA and ROTARY_DIM == 0:  # with RoPE, Q (loaded once) keeps the pointer path below
         qp = _load_tile_tma(q_desc, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
         qa = qp  # the rotary groups do not exist without RoPE; _qk_dot never reads them
         qb = qp
@@ -143,16 +150,16 @@ def _attn_fwd_kernel(
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # Left edge of a sliding window: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk,
-                                    stride_kn, stride_vn, start_m, lo, mid_lo,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc,
+                                    sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, lo, mid_lo,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
                                     dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
     # Whole tiles where every score is visible: no mask work.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk,
-                                    stride_kn, stride_vn, start_m, mid_lo,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc,
+                                    sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, mid_lo,
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                                     softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                                     dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R,
@@ -160,8 +167,8 @@ def _attn_fwd_kernel(
                                     HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, False,
                                     INPUT_PRECISION, TMA)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, off_b, off_hk,
-                                    stride_kn, stride_vn, start_m, mid_hi, hi,
+    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc,
+                                    sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, mid_hi, hi,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
                                     dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
@@ -262,12 +269,18 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
     blocks = qk_blocks(head_dim, a.rotary_dim)
-    tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, out)
-    descs = [None] * 4
+    rope_tma = rope_tma_applies(a.varlen, a.rotary_interleaved, a.rotary_cos, a.rotary_sin, q, k, v, out)
+    tma = rope_tma or tma_applies(a.varlen, a.rotary_dim, q, k, v, out)
+    descs = [None] * 7
     if tma:
-        descs = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]), tile_descriptor(k, cfg.block_n, blocks["BLOCK_P"]),
-                 tile_descriptor(v, cfg.block_n, head_block(head_dim_v)),
-                 tile_descriptor(out, cfg.block_m, head_block(head_dim_v))]
+        descs[:4] = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]),
+                     tile_descriptor(k, cfg.block_n, blocks["BLOCK_R"] if rope_tma else blocks["BLOCK_P"]),
+                     tile_descriptor(v, cfg.block_n, head_block(head_dim_v)),
+                     tile_descriptor(out, cfg.block_m, head_block(head_dim_v))]
+    if rope_tma:  # K's pass-through channels (if any) and both tables, for _load_qk_tma
+        if a.rotary_dim < head_dim:
+            descs[4] = tile_descriptor(k, cfg.block_n, blocks["BLOCK_P"])
+        descs[5:] = [table_descriptor(t, cfg.block_n, blocks["BLOCK_R"]) for t in (a.rotary_cos, a.rotary_sin)]
     launch(_attn_fwd_kernel, (num_m_blocks * batch * nheads,), cfg,
         q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin, *descs,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),

@@ -86,6 +86,33 @@ def _load_qk(base, offs_row, n_rows, stride_row, positions, COS, SIN, stride_rot
 
 
 @triton.jit
+def _load_qk_tma(desc_r, desc_p, cos_desc, sin_desc, off_b, row, off_h, HEAD_DIM: tl.constexpr,
+                 ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                 BLOCK_ROWS: tl.constexpr, DTYPE: tl.constexpr):
+    """_load_qk for NeoX halves through TMA descriptors (descriptors.py, `rope_descriptors`):
+    rows [row, row + BLOCK_ROWS) as (a, b, p), the pairs rotated to positions row + i.
+
+    The halves are boxes of BLOCK_R channels at channel 0 and at R/2, the pass-through a box of
+    BLOCK_P at R; the tables are (BLOCK_ROWS, BLOCK_R) boxes of the (seqlen, R/2) tables. When
+    BLOCK_R > R/2 the halves' boxes reach into the next group's channels, but the tables' boxes
+    read past their R/2 columns as 0, so cos = sin = 0 there and those lanes come out 0, as the
+    pointer path's masks leave them. Rows past the sequence end read as 0 (zero rotated is 0)."""
+    a = desc_r.load([off_b, row, off_h, 0]).reshape(BLOCK_ROWS, BLOCK_R)
+    b = desc_r.load([off_b, row, off_h, ROTARY_DIM // 2]).reshape(BLOCK_ROWS, BLOCK_R)
+    if ROTARY_DIM < HEAD_DIM:
+        p = desc_p.load([off_b, row, off_h, ROTARY_DIM]).reshape(BLOCK_ROWS, BLOCK_P)
+    else:
+        p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=DTYPE)
+    cos = cos_desc.load([row, 0]).to(tl.float32)
+    sin = sin_desc.load([row, 0]).to(tl.float32)
+    a32 = a.to(tl.float32)
+    b32 = b.to(tl.float32)
+    a = (a32 * cos - b32 * sin).to(DTYPE)
+    b = (b32 * cos + a32 * sin).to(DTYPE)
+    return a, b, p
+
+
+@triton.jit
 def _qk_dot(xa, xb, xp, ya, yb, yp, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
             INPUT_PRECISION: tl.constexpr):
     """x . y^T over all channels, for tiles held as (a, b, p): (rows of x, rows of y) float32."""
