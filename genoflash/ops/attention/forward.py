@@ -126,7 +126,8 @@ def _attn_fwd_kernel(
 
     # The Q tile is loaded (and rotated) once and stays on chip for the whole key loop.
     # With RoPE, query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment).
-    # TMA (descriptors.py): fixed-length batches without RoPE take their tiles through the copy engine.
+    # TMA (descriptors.py): fixed-length batches take their tiles through the copy engine; with
+    # RoPE only K's halves and the tables do (in the key loop), and Q keeps its one pointer load.
     if TMA and ROTARY_DIM == 0:  # with RoPE, Q (loaded once) keeps the pointer path below
         qp = _load_tile_tma(q_desc, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
         qa = qp  # the rotary groups do not exist without RoPE; _qk_dot never reads them

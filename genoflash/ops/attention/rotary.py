@@ -89,7 +89,8 @@ def _load_qk(base, offs_row, n_rows, stride_row, positions, COS, SIN, stride_rot
 def _load_qk_tma(desc_r, desc_p, cos_desc, sin_desc, off_b, row, off_h, HEAD_DIM: tl.constexpr,
                  ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
                  BLOCK_ROWS: tl.constexpr, DTYPE: tl.constexpr):
-    """_load_qk for NeoX halves through TMA descriptors (descriptors.py, `rope_descriptors`):
+    """_load_qk for NeoX halves through TMA descriptors (descriptors.py: `rope_tma_applies` says
+    when; `tile_descriptor` and `table_descriptor` make them):
     rows [row, row + BLOCK_ROWS) as (a, b, p), the pairs rotated to positions row + i.
 
     The halves are boxes of BLOCK_R channels at channel 0 and at R/2, the pass-through a box of
