@@ -21,7 +21,7 @@ rotated frame, also as halves, and the transposed rotation maps them back before
 import triton
 import triton.language as tl
 
-from .tiles import _load_tile, _store_tile
+from .tiles import _load_tile, _load_tile_tma_at, _store_tile
 
 
 @triton.jit
@@ -41,6 +41,15 @@ def _rotary_angles(COS, SIN, stride_rot, positions, in_rows, offs_r, ROTARY_DIM:
     cos = tl.load(COS + table, mask=mask, other=1.0).to(tl.float32)
     sin = tl.load(SIN + table, mask=mask, other=0.0).to(tl.float32)
     return cos, sin
+
+
+@triton.jit
+def _rotate_pairs(a, b, cos, sin, DTYPE: tl.constexpr):
+    """(a cos - b sin, b cos + a sin) in float32, rounded once to DTYPE: the forward rotation of
+    each pair, whichever way its halves and angles were loaded."""
+    a32 = a.to(tl.float32)
+    b32 = b.to(tl.float32)
+    return (a32 * cos - b32 * sin).to(DTYPE), (b32 * cos + a32 * sin).to(DTYPE)
 
 
 @triton.jit
@@ -75,10 +84,7 @@ def _load_qk(base, offs_row, n_rows, stride_row, positions, COS, SIN, stride_rot
         a = tl.load(ptrs_a, mask=mask, other=0.0)
         b = tl.load(ptrs_b, mask=mask, other=0.0)
         cos, sin = _rotary_angles(COS, SIN, stride_rot, positions, offs_row < n_rows, offs_r, ROTARY_DIM)
-        a32 = a.to(tl.float32)
-        b32 = b.to(tl.float32)
-        a = (a32 * cos - b32 * sin).to(p.dtype)
-        b = (b32 * cos + a32 * sin).to(p.dtype)
+        a, b = _rotate_pairs(a, b, cos, sin, p.dtype)
     else:
         a = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=p.dtype)
         b = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=p.dtype)
@@ -98,18 +104,15 @@ def _load_qk_tma(desc_r, desc_p, cos_desc, sin_desc, off_b, row, off_h, HEAD_DIM
     BLOCK_R > R/2 the halves' boxes reach into the next group's channels, but the tables' boxes
     read past their R/2 columns as 0, so cos = sin = 0 there and those lanes come out 0, as the
     pointer path's masks leave them. Rows past the sequence end read as 0 (zero rotated is 0)."""
-    a = desc_r.load([off_b, row, off_h, 0]).reshape(BLOCK_ROWS, BLOCK_R)
-    b = desc_r.load([off_b, row, off_h, ROTARY_DIM // 2]).reshape(BLOCK_ROWS, BLOCK_R)
+    a = _load_tile_tma_at(desc_r, off_b, row, off_h, 0, BLOCK_ROWS, BLOCK_R)
+    b = _load_tile_tma_at(desc_r, off_b, row, off_h, ROTARY_DIM // 2, BLOCK_ROWS, BLOCK_R)
     if ROTARY_DIM < HEAD_DIM:
-        p = desc_p.load([off_b, row, off_h, ROTARY_DIM]).reshape(BLOCK_ROWS, BLOCK_P)
+        p = _load_tile_tma_at(desc_p, off_b, row, off_h, ROTARY_DIM, BLOCK_ROWS, BLOCK_P)
     else:
         p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=DTYPE)
     cos = cos_desc.load([row, 0]).to(tl.float32)
     sin = sin_desc.load([row, 0]).to(tl.float32)
-    a32 = a.to(tl.float32)
-    b32 = b.to(tl.float32)
-    a = (a32 * cos - b32 * sin).to(DTYPE)
-    b = (b32 * cos + a32 * sin).to(DTYPE)
+    a, b = _rotate_pairs(a, b, cos, sin, DTYPE)
     return a, b, p
 
 

@@ -63,7 +63,14 @@ def _load_tile_tma(desc, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BLOCK_D: t
     """Rows [row, row + BLOCK_ROWS) of (batch off_b, head off_h) through a TMA descriptor
     (descriptors.py). The copy engine reads rows past the sequence end and channels past the
     head dim as 0, as _load_tile's masks do."""
-    return desc.load([off_b, row, off_h, 0]).reshape(BLOCK_ROWS, BLOCK_D)
+    return _load_tile_tma_at(desc, off_b, row, off_h, 0, BLOCK_ROWS, BLOCK_D)
+
+
+@triton.jit
+def _load_tile_tma_at(desc, off_b, row, off_h, col, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """_load_tile_tma from channel `col` on (a group of channels, as RoPE's halves are); the
+    box's start along the contiguous dim must be 16-byte aligned."""
+    return desc.load([off_b, row, off_h, col]).reshape(BLOCK_ROWS, BLOCK_D)
 
 
 @triton.jit
