@@ -12,7 +12,10 @@ Every genoflash output is checked against cuDNN's (or the math backend's) before
 TF/s: 4*B*H*N^2*D forward (2*N^2*(D+Dv) per head when Dv != D), halved when causal;
 fwd+bwd counts 3.5x the forward.
 
-    python benchmarks/tma_probe.py --out probe.json [--quick] [--shapes 0,8]
+    python benchmarks/tma_probe.py --out probe.json [--quick] [--shapes 0,8] [--fused-tiles 32,128,8,3;64,128,8,2]
+
+--fused-tiles adds one `tma+fused-bwd` row per one-pass dK/dV tiling (BM,BN,WARPS,STAGES), beside
+the table's own; --no-plain leaves out the `pointers` rows.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import os
 import torch
 import triton
 
+import dataclasses
+
 import genoflash
 from genoflash.ops.attention import descriptors
-from genoflash.ops.attention.configs import override_configs
+from genoflash.ops.attention.configs import TileConfig, backward_config, override_configs
 
 SHAPES = [  # (batch, nheads, seqlen, headdim, headdim_v, causal, extra kwargs)
     (1, 16, 16384, 128, 128, False, {}),
@@ -64,6 +69,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES (default: all)")
+    ap.add_argument("--fused-tiles", default="", help="';'-separated BM,BN,WARPS,STAGES one-pass dK/dV tilings")
+    ap.add_argument("--no-pointers", action="store_true", help="leave out the pointer-load rows")
     args = ap.parse_args()
     shapes = SHAPES[:1] if args.quick else SHAPES
     if args.shapes:
@@ -117,11 +124,18 @@ def main():
         def geno_fused(a, b_, c):
             return genoflash.flash_attn_func(a, b_, c, causal=causal, deterministic=False, **extra)
 
-        with descriptors.use_tma(False):
-            timed("pointers", geno)
+        if not args.no_pointers:
+            with descriptors.use_tma(False):
+                timed("pointers", geno)
         timed("tma", geno)
         with override_configs(one_pass=True):  # the table does not take the one-pass backward itself
             timed("tma+fused-bwd", geno_fused)
+        table = backward_config(d, dv, causal and not extra, torch.bfloat16, q.device,
+                                dropout="dropout_p" in extra)
+        for spec in filter(None, args.fused_tiles.split(";")):
+            tile = TileConfig(*map(int, spec.split(",")))
+            with override_configs(backward=dataclasses.replace(table, fused_dkdv=tile), one_pass=True):
+                timed(f"tma+fused-bwd {spec}", geno_fused)
         with open(args.out, "w") as f:
             json.dump(dict(meta, rows=rows), f, indent=1)
 

@@ -29,8 +29,8 @@ from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .dropout import DROPOUT_RUNTIME_ARGS
 from .mask import _dropout_keep, _mask_scores
-from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _qk_dot, _qk_grad_update,
-                     _store_qk_grad)
+from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _qk_dot, _qk_grad_of_transposed,
+                     _qk_grad_update, _store_qk_grad)
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
@@ -131,9 +131,13 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
         dsT = dsT.to(qp.dtype)
         dka, dkb, dkp = _qk_grad_update(dka, dkb, dkp, dsT, qa, qb, qp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         if FUSED_DQ:  # deterministic=False: this pair of tiles' share of dQ = dS K, added atomically
-            zeros_r = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-            gqa, gqb, gqp = _qk_grad_update(zeros_r, zeros_r, tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32),
-                                            tl.trans(dsT), ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+            if BLOCK_M < 64 and BLOCK_P >= 64:  # as (K^T dS^T)^T, so that the dot stays on wgmma
+                gqa, gqb, gqp = _qk_grad_of_transposed(dsT, ka, kb, kp, BLOCK_M, BLOCK_R, BLOCK_P, HEAD_DIM,
+                                                       ROTARY_DIM, INPUT_PRECISION)
+            else:
+                zeros_r = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+                gqa, gqb, gqp = _qk_grad_update(zeros_r, zeros_r, tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32),
+                                                tl.trans(dsT), ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
             if DQ_TMA:  # no RoPE (host check): dQ is the one channel group p
                 _atomic_add_tile_tma(dq_desc, gqp, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
             else:

@@ -143,6 +143,25 @@ def _qk_grad_update(ga, gb, gp, ds, ya, yb, yp, HEAD_DIM: tl.constexpr, ROTARY_D
 
 
 @triton.jit
+def _qk_grad_of_transposed(dsT, ya, yb, yp, BLOCK_ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
+                           BLOCK_P: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                           INPUT_PRECISION: tl.constexpr):
+    """g = dsT^T @ y, group by group, computed as (y^T @ dsT)^T. The same sum as
+    _qk_grad_update from zero, for a dsT with few columns (BLOCK_ROWS < 64): the tensor cores'
+    wgmma needs 64 rows per warpgroup, so dsT^T @ y would fall back to mma.sync, while y^T @ dsT
+    has the head dim's channels as rows."""
+    ga = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
+    gb = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
+    gp = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=tl.float32)
+    if ROTARY_DIM > 0:
+        ga = tl.trans(tl.dot(tl.trans(ya), dsT, input_precision=INPUT_PRECISION))
+        gb = tl.trans(tl.dot(tl.trans(yb), dsT, input_precision=INPUT_PRECISION))
+    if ROTARY_DIM < HEAD_DIM:
+        gp = tl.trans(tl.dot(tl.trans(yp), dsT, input_precision=INPUT_PRECISION))
+    return ga, gb, gp
+
+
+@triton.jit
 def _store_qk_grad(base, ga, gb, gp, positions, offs_row, n_rows, stride_row, COS, SIN, stride_rot,
                    HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
                    BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr):
