@@ -35,6 +35,9 @@ SETS = {
     "window": [(1, 8, 16384, 128, 128, False, (2048, 2048))],
     "rope": [(1, 16, 16384, 128, 128, False, None, torch.float32), (1, 16, 16384, 128, 128, False, None, torch.float16)],
     "dropout": [(1, 16, 16384, 128, 128, False, None, "dropout")],
+    # The dK/dV pass alone at hd128 (2026-11-30 profile: it executes 533 / 465 TF/s non-causal /
+    # causal against the dQ pass's 646 / 704; benchmarks/bwd_profile.py).
+    "dkdv128": [(1, 16, 16384, 128, 128, False, None), (1, 16, 16384, 128, 128, True, None)],
 }
 FWD = [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 128, 8, 3),
                                 (128, 32, 8, 3)]]
@@ -43,6 +46,8 @@ DKDV = [TileConfig(*c) for c in [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 
 DQ = [TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 8, 2)]]
 # RoPE streams cos/sin tiles beside K (or Q): fewer stages or narrower tiles to fit shared memory.
 CANDIDATES = {
+    "dkdv128": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2),
+                                              ]], []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],
                 [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3)]],
                 [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3)]]),

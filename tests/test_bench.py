@@ -41,6 +41,15 @@ def test_memory_floor_and_plot(tmp_path):
     json.dumps(report)
 
 
+def test_bench_attention_seqlen_filter_keeps_only_those_shapes():
+    from genoflash.bench import attention
+    shapes = attention.select_shapes(attention.parse_args(["--shapes", "genomic", "--seqlen", "16384"]))
+    assert [s.seqlen for s in shapes] == [16384] * 3 and {s.causal for s in shapes} == {False, True}
+    assert len(attention.select_shapes(attention.parse_args(["--shapes", "genomic"]))) == 5
+    with pytest.raises(SystemExit, match="no shape"):
+        attention.select_shapes(attention.parse_args(["--shapes", "genomic", "--seqlen", "1000"]))
+
+
 def test_gpu_benchmarks_say_they_need_a_gpu(capsys):
     import torch
     if torch.cuda.is_available():

@@ -399,6 +399,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", help="appended to the output file name")
     parser.add_argument("--quick", action="store_true", help="only head dim 128 and seqlen <= 65536")
+    parser.add_argument("--seqlen", help="only the shapes of the set with these sequence lengths (comma-separated), "
+                        "e.g. to finish a set in two device calls")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on the CPU with the torch backend (no GPU needed)")
@@ -411,6 +413,11 @@ def select_shapes(args: argparse.Namespace) -> list[Shape]:
     shapes = SHAPE_SETS[args.shapes]
     if args.quick:
         shapes = [s for s in shapes if s.headdim == 128 and s.seqlen <= 65536]
+    if args.seqlen:
+        wanted = {int(n) for n in args.seqlen.split(",")}
+        shapes = [s for s in shapes if s.seqlen in wanted]
+        if not shapes:
+            raise SystemExit(f"no shape of the set {args.shapes!r} has seqlen in {sorted(wanted)}")
     return shapes
 
 
