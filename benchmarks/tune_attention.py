@@ -46,8 +46,8 @@ DKDV = [TileConfig(*c) for c in [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 
 DQ = [TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 8, 2)]]
 # RoPE streams cos/sin tiles beside K (or Q): fewer stages or narrower tiles to fit shared memory.
 CANDIDATES = {
-    "dkdv128": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2),
-                                              ]], []),
+    "dkdv128": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)]],
+                []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],
                 [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3)]],
                 [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3)]]),
