@@ -34,9 +34,9 @@ class BackwardConfig:
     dkdv_q_by_tma: bool = False
     # deterministic=False allows the one-pass backward: the dK/dV pass also accumulates dQ
     # (atomics or TMA reductions), with its extra (BLOCK_M, D) float32 tile. one_pass says
-    # whether to take it when allowed; on the H200 it was slower than the two passes on every
-    # shape measured (364 against 444 TF/s fwd+bwd at H16 N16k hd128, 2026-11-30,
-    # results/h200-2026-11-30-tma-probe-7f94066.json), so no entry turns it on yet.
+    # whether to take it when allowed; on the H200 it was never faster than the two passes (402
+    # against 447 TF/s fwd+bwd at H16 N16k hd128, level when causal; 2026-11-30,
+    # results/h200-2026-11-30-tma-probe-fused-tiles-4f2c6a4.json), so no entry turns it on yet.
     one_pass: bool = False
     fused_dkdv: TileConfig | None = None  # the one-pass dK/dV tiles; None means the dkdv tiles
 
