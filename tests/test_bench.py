@@ -48,6 +48,8 @@ def test_bench_attention_seqlen_filter_keeps_only_those_shapes():
     assert len(attention.select_shapes(attention.parse_args(["--shapes", "genomic"]))) == 5
     with pytest.raises(SystemExit, match="no shape"):
         attention.select_shapes(attention.parse_args(["--shapes", "genomic", "--seqlen", "1000"]))
+    with pytest.raises(SystemExit):  # argparse: "expected comma-separated integers"
+        attention.parse_args(["--seqlen", "16k"])
 
 
 def test_gpu_benchmarks_say_they_need_a_gpu(capsys):

@@ -390,6 +390,13 @@ def print_table(report: dict) -> None:
 
 # ---------------------------------------------------------------- command line
 
+def _seqlens(text: str) -> set[int]:
+    try:
+        return {int(n) for n in text.split(",")}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="genoflash bench attention", description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="anchors")
@@ -399,8 +406,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", help="appended to the output file name")
     parser.add_argument("--quick", action="store_true", help="only head dim 128 and seqlen <= 65536")
-    parser.add_argument("--seqlen", help="only the shapes of the set with these sequence lengths (comma-separated), "
-                        "e.g. to finish a set in two device calls")
+    parser.add_argument("--seqlen", type=_seqlens, help="only the shapes of the set with these sequence lengths "
+                        "(comma-separated), e.g. to finish a set in two device calls")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on the CPU with the torch backend (no GPU needed)")
@@ -414,10 +421,9 @@ def select_shapes(args: argparse.Namespace) -> list[Shape]:
     if args.quick:
         shapes = [s for s in shapes if s.headdim == 128 and s.seqlen <= 65536]
     if args.seqlen:
-        wanted = {int(n) for n in args.seqlen.split(",")}
-        shapes = [s for s in shapes if s.seqlen in wanted]
+        shapes = [s for s in shapes if s.seqlen in args.seqlen]
         if not shapes:
-            raise SystemExit(f"no shape of the set {args.shapes!r} has seqlen in {sorted(wanted)}")
+            raise SystemExit(f"no shape of the set {args.shapes!r} has seqlen in {sorted(args.seqlen)}")
     return shapes
 
 
