@@ -10,7 +10,7 @@ CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mam
 selective scan) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
-forces its tiles).
+forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA.
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ def main(argv):
     parser.add_argument("--no-tma", action="store_true", help="pointer loads where TMA descriptors would apply")
     parser.add_argument("--fused", action="store_true", help="deterministic=False: dQ by atomics in the dK/dV pass")
     parser.add_argument("--fused-dkdv", help="BM,BN,WARPS,STAGES of the fused dK/dV pass")
+    parser.add_argument("--dq-rope-tma", action="store_true",
+                        help="RoPE: the dQ pass takes K's halves and the tables by TMA (BackwardConfig.dq_rope_by_tma)")
     parser.add_argument("--sass", help="directory: write each kernel's SASS there and print its opcode counts")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
@@ -216,7 +218,8 @@ def main(argv):
                                      _tiles(args.dq) if args.dq else gpu_default.dq,
                                      dkdv_q_by_tma=gpu_default.dkdv_q_by_tma,
                                      fused_dkdv=_tiles(args.fused_dkdv) if args.fused_dkdv else None)
-    with genoflash.use_backend("triton"), configs.override_configs(fwd, bwd, one_pass=True if args.fused else None):
+    with genoflash.use_backend("triton"), configs.override_configs(
+            fwd, bwd, one_pass=True if args.fused else None, dq_rope_by_tma=True if args.dq_rope_tma else None):
         out = genoflash.flash_attn_func(q, k, v, **kw)
         out.backward(torch.randn_like(out))
     if case == "probe":  # beside them, fwd_variants_probe.py's minimal TMA forward at the same tile

@@ -1,23 +1,15 @@
-"""Probe: how much of fused RoPE's cost is the cos/sin table traffic? (H200, one process.)
+"""Probe: what fused RoPE costs over plain attention, forward and fwd+bwd, on the H200 (one process).
 
-Fused RoPE costs +111% forward time with fp32 tables and +57% with fp16 tables at H16 N16k
-hd128 (results/h200-2026-11-30-features-7f94066.json, -29-features-rope-dropout.json). A line
-through those two points, cost = a + b * (bytes per table entry), gives a ~ 3% and b ~ 27% per
-byte: the tables, not the rotation, would be the cost. Each program of the forward streams
-all of K, all of V and both tables through L2; fp32 tables are twice K's bytes.
-
-This probe tests that reading before anyone builds on it. Variants, forward and fwd+bwd, in
-one process:
+Variants at H16 N16k and H8 N64k, hd128, bf16:
 - `plain`: no RoPE;
-- `fp32 tables`, `fp16 tables`: fused RoPE as shipped;
-- `fp32 rows repeat`, `fp16 rows repeat`: the same kernels and tile configs, but tables whose
-  row stride is 0: every position reads row 0, angle 0, so the output is plain attention's
-  (checked on the CPU interpreter), with the same instructions as RoPE. Loads then hit one
-  row in L1, so what remains over `plain` is the rotation and its shared-memory trip.
-If the `rows repeat` variants land near `plain`, the lead is to stop streaming tables: e.g.
-rotate by angle addition from a tile-invariant table of offsets and one row per tile,
-cos((s + j) w) = cos(s w) cos(j w) - sin(s w) sin(j w), with the angles still made in fp64
-on the host. If they land near the shipped variants, the rotation in registers is the cost.
+- `fp32 tables`, `fp16 tables`: fused RoPE as shipped (the forward takes K's NeoX halves and the
+  tables by TMA since d2aed4e; the backward's passes use pointer loads);
+- `fp32 tables, dQ by TMA`, `fp16 tables, dQ by TMA`: the same with the backward's dQ pass taking
+  K and the tables by TMA too (`BackwardConfig.dq_rope_by_tma`, not yet in the tile table), to
+  decide whether the table should turn it on.
+(Until 029ff4f it also ran "rows repeat" variants, tables of row stride 0 meant to separate the
+table traffic from the rotation. They ran 2-3x slower than real tables, twice: every program
+reading one address contends, so they measured the contention. Removed.)
 
     python benchmarks/rope_probe.py --out rope_probe.json
 """
@@ -34,6 +26,7 @@ import triton.testing
 
 from genoflash.ops.attention.args import AttentionArgs
 from genoflash.ops.attention.backward import attention_backward
+from genoflash.ops.attention.configs import override_configs
 from genoflash.ops.attention.forward import attention_forward
 from genoflash.rotary import rotary_tables
 
@@ -47,27 +40,32 @@ def main() -> None:
     rows = []
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("GENOFLASH_COMMIT", "unknown"),
-                method="do_bench median; fwd+bwd = attention_forward + attention_backward; the "
-                       "'rows repeat' variants read table row 0 for every position (row stride 0)")
+                method="do_bench median; fwd+bwd = attention_forward + attention_backward; "
+                       "'dQ by TMA' = override_configs(dq_rope_by_tma=True)")
     for b, h, n, d in SHAPES:
         torch.manual_seed(0)
         q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         flops = 4 * b * h * n * n * d
-        variants = {"plain": {}}
+        variants = {"plain": ({}, False)}
         for dtype, name in ((torch.float32, "fp32"), (torch.float16, "fp16")):
             cos, sin = rotary_tables(n, d, device="cuda", dtype=dtype)
-            variants[f"{name} tables"] = dict(rotary_cos=cos, rotary_sin=sin)
-            # Row stride 0: AttentionArgs takes the tables as given (the public API would copy them).
-            variants[f"{name} rows repeat"] = dict(rotary_cos=cos[:1].expand(n, -1), rotary_sin=sin[:1].expand(n, -1))
-        for name, tables in variants.items():
+            variants[f"{name} tables"] = (dict(rotary_cos=cos, rotary_sin=sin), False)
+            variants[f"{name} tables, dQ by TMA"] = (dict(rotary_cos=cos, rotary_sin=sin), True)
+        dq_pointers = None  # the previous variant's dQ: each "dQ by TMA" follows its pointer-load twin
+        for name, (tables, dq_by_tma) in variants.items():
             a = AttentionArgs(d ** -0.5, **tables)
-            row = dict(batch=b, nheads=h, seqlen=n, headdim=d, variant=name, rotary_stride=a.rotary_stride)
+            row = dict(batch=b, nheads=h, seqlen=n, headdim=d, variant=name)
             try:
                 out, lse = attention_forward(q, k, v, a)
                 fwd = triton.testing.do_bench(lambda: attention_forward(q, k, v, a), warmup=25, rep=200,
                                               return_mode="median")
-                bwd = triton.testing.do_bench(lambda: attention_backward(dout, q, k, v, out, lse, a), warmup=25,
-                                              rep=200, return_mode="median")
+                with override_configs(dq_rope_by_tma=dq_by_tma):
+                    dq = attention_backward(dout, q, k, v, out, lse, a)[0]
+                    if dq_by_tma:  # the same dQ as the shipped pointer loads give, up to rounding
+                        row["max_dq_diff_vs_pointers"] = (dq.float() - dq_pointers.float()).abs().max().item()
+                    dq_pointers = dq
+                    bwd = triton.testing.do_bench(lambda: attention_backward(dout, q, k, v, out, lse, a), warmup=25,
+                                                  rep=200, return_mode="median")
                 row.update(fwd_ms=fwd, fwd_tflops=flops / fwd * 1e-9, fwd_bwd_ms=fwd + bwd,
                            fwd_bwd_tflops=3.5 * flops / (fwd + bwd) * 1e-9)
             except Exception as e:  # noqa: BLE001 - a probe reports what failed and goes on

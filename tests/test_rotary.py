@@ -185,20 +185,29 @@ def test_rotary_bad_input():
     (40, 24, torch.float32, False, False),   # the second half would start 24 bytes in: pointers
     (64, 64, torch.float32, True, False),    # interleaved pairs are not two boxes: pointers
 ], ids=["d64-r64", "d64-r32-fp16", "d48-r16", "d40-r24", "interleaved"])
-def test_forward_takes_k_and_tables_by_tma_where_they_allow_it(d, rotary_dim, table_dtype, interleaved, takes_tma,
-                                                                 monkeypatch, device):
-    """With RoPE the forward can take K's NeoX halves, its pass-through channels and both
-    tables through TMA descriptors (rotary._load_qk_tma); the backward keeps pointer loads.
-    Causal with seqlen_q != seqlen_k and lengths off the tiles, so boxes run past the ends."""
-    from genoflash.ops.attention import forward
+@pytest.mark.parametrize("dq_by_tma", [False, True], ids=["dq-pointers", "dq-tma"])
+def test_k_and_tables_go_by_tma_where_they_allow_it(d, rotary_dim, table_dtype, interleaved, takes_tma, dq_by_tma,
+                                                     monkeypatch, device):
+    """With RoPE the forward, and the backward's dQ pass where the tile config asks for it
+    (BackwardConfig.dq_rope_by_tma, forced here both ways), take K's NeoX halves, its
+    pass-through channels and both tables through TMA descriptors (rotary._load_qk_tma); the
+    dK/dV pass keeps pointer loads for its rotated Q. Causal with seqlen_q != seqlen_k, GQA and
+    lengths off the tiles, so boxes run past the ends; checked forward and all gradients."""
+    from genoflash.ops.attention import backward, forward
+    from genoflash.ops.attention.configs import override_configs
 
     seen = []
-    real_launch = forward.launch
-    monkeypatch.setattr(forward, "launch", lambda *a, **kw: (seen.append(kw["TMA"]), real_launch(*a, **kw)))
+    for module in (forward, backward):
+        real_launch = module.launch
+        monkeypatch.setattr(module, "launch", lambda kernel, *a, real_launch=real_launch, **kw: (
+            seen.append((kernel.fn.__name__, kw["TMA"])), real_launch(kernel, *a, **kw))[1])
     torch.manual_seed(d + rotary_dim)
     hopper = device.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
-    check("triton", device, 2, 61, 133, 2, 1, d, rotary_dim, interleaved, table_dtype=table_dtype, causal=True)
-    assert seen == [takes_tma and hopper]
+    with override_configs(dq_rope_by_tma=dq_by_tma):
+        check("triton", device, 2, 61, 133, 2, 1, d, rotary_dim, interleaved, table_dtype=table_dtype, causal=True)
+    by_tma = takes_tma and hopper
+    assert seen == [("_attn_fwd_kernel", by_tma), ("_attn_bwd_dkdv_kernel", False),
+                    ("_attn_bwd_dq_kernel", by_tma and dq_by_tma)]
 
 
 # ---------------------------------------------------------------- layer

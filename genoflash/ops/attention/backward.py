@@ -29,13 +29,13 @@ from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .dropout import DROPOUT_RUNTIME_ARGS
 from .mask import _dropout_keep, _mask_scores
-from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _qk_dot, _qk_grad_of_transposed,
-                     _qk_grad_update, _store_qk_grad)
+from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _load_qk_tma, _qk_dot,
+                     _qk_grad_of_transposed, _qk_grad_update, _store_qk_grad)
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
-from .descriptors import tile_descriptor, tma_applies
+from .descriptors import rope_tma_applies, table_descriptor, tile_descriptor, tma_applies
 from .tiles import _atomic_add_tile_tma, _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
 
 
@@ -245,7 +245,7 @@ def _attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, k_desc,
-                       v_desc, off_b, off_hk, start_m, lo, hi,
+                       v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, hi,
                        seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                        slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                        dropout_rescale,
@@ -262,10 +262,14 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
-        if TMA:  # no RoPE (host check): K is one channel group; rows past the end read as 0
-            kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
-            ka = kp  # never read without RoPE
-            kb = kp
+        if TMA:  # rows past the end read as 0
+            if ROTARY_DIM > 0:  # NeoX halves and their tables by TMA too (host check), as the forward
+                ka, kb, kp = _load_qk_tma(k_desc, kp_desc, cos_desc, sin_desc, off_b, start_n, off_hk,
+                                          HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_N, qp.dtype)
+            else:  # one channel group
+                kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
+                ka = kp  # never read without RoPE
+                kb = kp
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
         else:
             ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
@@ -297,7 +301,8 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc, kp_desc,
+    cos_desc, sin_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -347,21 +352,21 @@ def _attn_bwd_dq_kernel(
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                            k_desc, v_desc, off_b, off_hk, start_m, lo, mid_lo,
+                            k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
     dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                            k_desc, v_desc, off_b, off_hk, start_m, mid_lo, mid_hi,
+                            k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, mid_lo, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, False, INPUT_PRECISION, TMA)
     dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                            k_desc, v_desc, off_b, off_hk, start_m, mid_hi, hi,
+                            k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, mid_hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
@@ -425,19 +430,28 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     blocks = qk_blocks(head_dim, a.rotary_dim)
     # TMA descriptors (descriptors.py) for the tiles each pass streams: K and V in dQ, and Q in dK/dV
-    # where the tile config says so.
+    # where the tile config says so. With RoPE (NeoX halves, fixed lengths) the dQ pass can take K's
+    # halves, its pass-through channels and both tables by TMA as the forward does, where the tile
+    # config says so (BackwardConfig.dq_rope_by_tma); the dK/dV pass keeps pointer loads for its
+    # rotated Q.
     tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, dout)
+    rope_tma = cfg.dq_rope_by_tma and rope_tma_applies(a.varlen, a.rotary_interleaved, a.rotary_cos,
+                                                       a.rotary_sin, q, k, v, dout)
     shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, TMA=tma, **constexprs)
     # The one-pass backward (deterministic=False where the tile table takes it; below) keeps Q on
     # pointer loads in its dK/dV pass.
     fused = not a.deterministic and cfg.one_pass
     dkdv_tma = tma and cfg.dkdv_q_by_tma and not fused
-    dkdv_desc, dq_descs = None, [None, None]
+    dkdv_desc, dq_descs = None, [None] * 5
     if dkdv_tma:
         dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
-    if tma:
-        dq_descs = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"]),
-                    tile_descriptor(v, cfg.dq.block_n, block_dv)]
+    if tma or rope_tma:
+        dq_descs[:2] = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_R"] if rope_tma else blocks["BLOCK_P"]),
+                        tile_descriptor(v, cfg.dq.block_n, block_dv)]
+    if rope_tma:  # K's pass-through channels (if any) and both tables, for _load_qk_tma
+        if a.rotary_dim < head_dim:
+            dq_descs[2] = tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"])
+        dq_descs[3:] = [table_descriptor(t, cfg.dq.block_n, blocks["BLOCK_R"]) for t in (a.rotary_cos, a.rotary_sin)]
 
     # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
     # accumulator (5 matmuls in all instead of 7: no dQ pass recomputing P and dP), and a light
@@ -480,6 +494,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
         a.rotary_stride,
         nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
-        BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only, **shared,
+        BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only,
+        **{**shared, "TMA": tma or rope_tma},
     )
     return dq, dk, dv

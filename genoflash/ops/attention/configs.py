@@ -39,6 +39,13 @@ class BackwardConfig:
     # results/h200-2026-11-30-tma-probe-fused-tiles-4f2c6a4.json), so no entry turns it on yet.
     one_pass: bool = False
     fused_dkdv: TileConfig | None = None  # the one-pass dK/dV tiles; None means the dkdv tiles
+    # With RoPE (NeoX halves, fixed lengths), whether the dQ pass takes K's halves, pass-through
+    # channels and the tables by TMA, as the forward does. Not yet timed: the sm_90 compile at
+    # hd128 has a longer key loop than with pointer loads (587 against 527 instructions, fp32
+    # tables) and spills 48 bytes, at hd256 and (128, 192) a shorter one with fewer spills. The
+    # forward's same change measured 26% faster where its SASS predicted 2%, so it waits for a
+    # measurement (benchmarks/rope_probe.py times both) before any entry turns it on.
+    dq_rope_by_tma: bool = False
 
 
 # Uneven on purpose (BLOCK_M != BLOCK_N), like the GPU tilings, so CPU tests cross the same kinds
@@ -130,16 +137,18 @@ def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.d
         cfg = _INTERPRETER_BWD
     else:
         cfg = _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout)
-    if "one_pass" in _override:
-        cfg = dataclasses.replace(cfg, one_pass=_override["one_pass"])
+    for flag in ("one_pass", "dq_rope_by_tma"):
+        if flag in _override:
+            cfg = dataclasses.replace(cfg, **{flag: _override[flag]})
     return cfg  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
 def override_configs(forward: TileConfig | None = None, backward: BackwardConfig | None = None,
-                     one_pass: bool | None = None):
+                     one_pass: bool | None = None, dq_rope_by_tma: bool | None = None):
     """Force tile configs (tests use this to cover uneven tilings such as BLOCK_M != BLOCK_N),
-    or only whether deterministic=False takes the one-pass backward (tests and probes of it)."""
+    or only whether deterministic=False takes the one-pass backward, or whether the RoPE dQ pass
+    takes K by TMA (tests and probes of them)."""
     saved = dict(_override)
     if forward is not None:
         _override["forward"] = forward
@@ -147,6 +156,8 @@ def override_configs(forward: TileConfig | None = None, backward: BackwardConfig
         _override["backward"] = backward
     if one_pass is not None:
         _override["one_pass"] = one_pass
+    if dq_rope_by_tma is not None:
+        _override["dq_rope_by_tma"] = dq_rope_by_tma
     try:
         yield
     finally:
