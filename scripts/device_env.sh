@@ -6,6 +6,10 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/genoflash-site .whl/*.whl
     export PYTHONPATH="/tmp/genoflash-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# Peers carried for measurement only (scripts/device_carry.sh): importable by the benchmarks.
+if [[ -d .peers ]]; then
+    export PYTHONPATH="$PWD/.peers${PYTHONPATH:+:$PYTHONPATH}"
+fi
 if [[ -d .carry/shared-data && ! -d ../shared/data ]]; then
     mkdir -p ../shared && cp -r .carry/shared-data ../shared/data && chmod -R a-w ../shared/data
 fi

@@ -107,6 +107,45 @@ def test_bench_mixers_runs_at_cpu_size(tmp_path):
     assert next(tmp_path.glob("*mixers.png")).stat().st_size > 0
 
 
+def _fake_ssd_modules(monkeypatch, calls):
+    """A stand-in for mamba_ssm's SSD entry point (the real one is measured on the GPU only)."""
+    import sys
+    import types
+
+    def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None):
+        calls.append((tuple(x.shape), tuple(B.shape), chunk_size))
+        decay = (dt * A).exp()[..., None]  # touches every input, so every gradient is asked for
+        return x * decay * D[:, None] + (B * C).sum(-1, keepdim=True) * dt[..., None]
+
+    names = ["mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.ops.triton.ssd_combined"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules[names[-1]].mamba_chunk_scan_combined = mamba_chunk_scan_combined
+
+
+def test_bench_mixers_puts_the_scan_beside_mamba2_ssd(tmp_path, monkeypatch):
+    """The scan core is timed beside Mamba-2's SSD kernels at the same N, with the anchors file's
+    SSD configuration (8 heads x 64, d_state 128, chunk 256)."""
+    calls = []
+    _fake_ssd_modules(monkeypatch, calls)
+    assert main(["bench", "mixers", "--cpu", "--mixers", "", "--ssd-seqlens", "64,96", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*mixers.json")).read_text())
+    assert [p["seqlen"] for p in report["scan_vs_ssd"]] == [64, 96]
+    for point in report["scan_vs_ssd"]:
+        assert point["genoflash_selective_scan"]["fwd_bwd_ms"] > 0
+        assert point["mamba2_ssd"]["fwd_bwd_ms"] > 0 and point["mamba2_ssd"]["dstate"] == 128
+    assert (64, 8, 64) in [(shape[1], shape[2], shape[3]) for shape, _, _ in calls]
+    assert {(b[1], b[3], chunk) for _, b, chunk in calls} == {(64, 128, 256), (96, 128, 256)}
+
+
+def test_bench_mixers_says_why_mamba2_ssd_is_missing(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "mamba_ssm", None)  # import mamba_ssm... raises ImportError
+    assert main(["bench", "mixers", "--cpu", "--mixers", "", "--ssd-seqlens", "64", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*mixers.json")).read_text())
+    assert report["scan_vs_ssd"][0]["mamba2_ssd"]["unavailable"].startswith(("ImportError", "ModuleNotFoundError"))
+
+
 def test_mixer_crossovers_are_read_off_the_curves():
     from genoflash.bench.mixers import crossovers
 

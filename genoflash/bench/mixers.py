@@ -12,6 +12,14 @@ at the longest N all three ran.
 Writes <out>/<gpu>-<date>-mixers.json (saved after every point) and a plot of time and
 memory against N. `--cpu` runs tiny sizes on the CPU (timed with perf_counter) to check the
 code paths.
+
+On the GPU it first times the Mamba scan core alone (genoflash's selective scan, Mamba-1's S6)
+and, beside it at the same N, the peer the issue names: Mamba-2's SSD kernels
+(`mamba_chunk_scan_combined` from mamba_ssm's Triton source, 8 heads x 64, d_state 128, chunk
+256, the configuration of ../shared/anchors/h200-peers.md at d_model 256). They are for
+measurement only, never part of genoflash: `scripts/device_carry.sh` unpacks the source into
+`.peers/` (git-ignored) and `scripts/device_env.sh` puts it on the path. Without it the report
+says why the peer is missing.
 """
 
 from __future__ import annotations
@@ -117,6 +125,74 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, bc_dtype=torc
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
 
+def _fwd_bwd_ms_and_peak(step, device) -> tuple[float, float | None]:
+    """Median ms of step() and its peak memory in GiB (GPU), after one warm-up call."""
+    step()
+    if device.type != "cuda":
+        return _time(step, device), None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    return _time(step, device), peak
+
+
+def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstate: int = 128,
+                  chunk: int = 256) -> dict:
+    """Mamba-2's SSD scan (mamba_ssm's Triton kernels), forward+backward at batch 1: x bf16
+    (1, N, nheads, headdim), dt and A float32, B and C bf16 (1, N, 1, dstate), D float32. The
+    default sizes are the anchors file's, d_model 256. {"unavailable": why} without mamba_ssm."""
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as e:  # noqa: BLE001 - not installed, or its import fails on this machine
+        return {"unavailable": f"{type(e).__name__}: {e}"[:200]}
+    gen = torch.Generator(device=device).manual_seed(0)
+    bf16 = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x = torch.randn(1, seqlen, nheads, headdim, device=device, generator=gen).to(bf16).requires_grad_()
+    dt = (torch.rand(1, seqlen, nheads, device=device, generator=gen) * 0.1 + 0.001).requires_grad_()
+    A = (-torch.rand(nheads, device=device, generator=gen) - 0.5).requires_grad_()
+    B, C = (torch.randn(1, seqlen, 1, dstate, device=device, generator=gen).to(bf16).requires_grad_()
+            for _ in range(2))
+    D = torch.randn(nheads, device=device, generator=gen).requires_grad_()
+    dy = torch.randn(1, seqlen, nheads, headdim, device=device, generator=gen).to(bf16)
+
+    def step():
+        y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=chunk, D=D)
+        torch.autograd.grad(y, [x, dt, A, B, C, D], dy)
+
+    try:
+        ms, peak = _fwd_bwd_ms_and_peak(step, device)
+    except torch.cuda.OutOfMemoryError:
+        return {"error": "out of memory"}
+    return {"seqlen": seqlen, "nheads": nheads, "headdim": headdim, "dstate": dstate, "chunk": chunk,
+            "fwd_bwd_ms": ms, "peak_gib": peak}
+
+
+def genoflash_scan_core(seqlen: int, d_inner: int, dstate: int, device) -> dict:
+    """genoflash's selective scan (`selective_scan_fn`: the Triton core of ops/mamba/scan.py
+    plus the skip D) forward+backward through autograd, at the dtypes the Mamba layer hands it
+    (u, delta float32; B, C bf16 on the GPU): time and peak memory, to stand beside
+    ssd_peer_core."""
+    from ..ops.mamba import selective_scan_fn
+    gen = torch.Generator(device=device).manual_seed(0)
+    bc_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    u = torch.randn(1, seqlen, d_inner, device=device, generator=gen).requires_grad_()
+    delta = (torch.rand(1, seqlen, d_inner, device=device, generator=gen) * 0.1).requires_grad_()
+    A = (-torch.rand(d_inner, dstate, device=device, generator=gen) - 0.5).requires_grad_()
+    B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(bc_dtype).requires_grad_()
+            for _ in range(2))
+    D = torch.randn(d_inner, device=device, generator=gen).requires_grad_()
+    dy = torch.randn(1, seqlen, d_inner, device=device, generator=gen)
+
+    def step():
+        y = selective_scan_fn(u, delta, A, B, C, D)
+        torch.autograd.grad(y, [u, delta, A, B, C, D], dy)
+
+    ms, peak = _fwd_bwd_ms_and_peak(step, device)
+    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "fwd_bwd_ms": ms, "peak_gib": peak}
+
+
 def kernel_breakdown(mixer: str, d_model: int, seqlen: int, device, dtype, top: int = 12) -> dict:
     """Where one layer's forward+backward spends its GPU time: torch.profiler's CUDA kernel
     times for one call (after a warm-up call), largest first, in ms."""
@@ -207,6 +283,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scan-seqlens", default="65536,262144,1048576",
                         help="GPU: also time the Mamba scan core alone at these N (d_inner 512 and 2048), "
                              "in GB/s against a copy's; '' to skip")
+    parser.add_argument("--ssd-seqlens", default=None,
+                        help="also time the scan core beside Mamba-2's SSD kernels (mamba_ssm, if importable) "
+                             "at these N; default: the --scan-seqlens on a GPU, none with --cpu; '' to skip")
     parser.add_argument("--profile-seqlen", type=int, default=0,
                         help="GPU: also record each Hyena and Mamba layer's kernel times at this N (torch.profiler)")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
@@ -216,6 +295,8 @@ def main(argv: list[str]) -> int:
         print("genoflash bench mixers needs a CUDA GPU (or --cpu for a tiny run)", flush=True)
         return 2
     device = torch.device("cpu" if args.cpu else "cuda")
+    if args.ssd_seqlens is None:
+        args.ssd_seqlens = "" if args.cpu else args.scan_seqlens
     dtype = torch.float32 if args.cpu else torch.bfloat16
     mixers = [m.strip() for m in args.mixers.split(",") if m.strip()]  # '' skips the sweep
     unknown = set(mixers) - set(MIXERS)
@@ -247,6 +328,20 @@ def main(argv: list[str]) -> int:
                       f"({point['fwd_of_copy']:.0%} of copy)  bwd {point['bwd_ms']:.3f} ms {point['bwd_gbps']:.0f} "
                       f"GB/s ({point['bwd_of_copy']:.0%}); atomic bwd {point['bwd_atomic_ms']:.3f} ms", flush=True)
                 save()
+    if args.ssd_seqlens:
+        # Side by side with Mamba-2's SSD kernels, the issue's peer for the scan (measurement only).
+        report["scan_vs_ssd"] = []
+        for n in (int(x) for x in args.ssd_seqlens.split(",")):
+            with use_backend(backend):
+                ours = genoflash_scan_core(n, 512, 16, device)
+            peer = ssd_peer_core(n, device)
+            report["scan_vs_ssd"].append({"seqlen": n, "genoflash_selective_scan": ours, "mamba2_ssd": peer})
+            theirs = (f"{peer['fwd_bwd_ms']:.2f} ms" + (f" {peer['peak_gib']:.2f} GiB" if peer["peak_gib"] else "")
+                      if "fwd_bwd_ms" in peer else peer.get("unavailable") or peer.get("error"))
+            print(f"scan core fwd+bwd N={n:>9,}: genoflash S6 (d_inner 512, d_state 16) {ours['fwd_bwd_ms']:.2f} ms"
+                  + (f" {ours['peak_gib']:.2f} GiB" if ours["peak_gib"] else "")
+                  + f"; Mamba-2 SSD (8 x 64, d_state 128) {theirs}", flush=True)
+            save()
     if not args.cpu and args.profile_seqlen:
         report["kernel_breakdown"] = []
         for mixer in ("hyena", "mamba"):
