@@ -1,0 +1,86 @@
+"""Probe: is the forward at 262,144 tokens slower because K and V no longer fit in L2?
+
+Measured 2026-11-30 (results/h200-2026-11-30-tma-probe-029ff4f.json): the forward runs at
+556-558 TF/s at H16 N16k and H8 N64k, but 511 at H8 N256k (cuDNN: 610 and 584). One head's K
+and V take 32 MB at 64k, under the H200's 50 MB of L2, and 128 MB at 256k. The guess: at 256k
+the programs of a head drift apart along the keys, their K/V tiles stop being shared in L2, and
+the forward waits on HBM.
+
+The test, with no kernel change: split the keys into chunks that fit in L2, run the forward once
+per chunk (every query against one chunk, `return_lse=True`), and merge the chunks' outputs by
+their log-sum-exps (what a split-KV kernel would do). If the split runs at the 64k rate, the guess
+holds and the fix is a split-KV forward for long N; if it runs at 511 like the whole, the cause
+is elsewhere (then read ncu's L2 hit rate and DRAM throughput at 256k, which this probe also
+leaves room for: `--ncu` runs one plain forward at 256k between cudaProfilerStart/Stop).
+
+    python benchmarks/l2_probe.py --out X.json [--ncu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+import triton.testing
+
+import genoflash
+
+
+def merged_forward(q, k, v, chunk: int):
+    """Attention of q over all of k, v, computed one key chunk at a time and merged by lse."""
+    outs, lses = [], []
+    for start in range(0, k.shape[1], chunk):
+        out, lse = genoflash.flash_attn_func(q, k[:, start:start + chunk], v[:, start:start + chunk],
+                                             return_lse=True)
+        outs.append(out)
+        lses.append(lse)  # (batch, nheads, seqlen_q), natural log
+    lse = torch.stack(lses).logsumexp(0)
+    weights = [(part - lse).exp().transpose(1, 2).unsqueeze(-1) for part in lses]  # (b, n, h, 1)
+    return sum(w * o.float() for w, o in zip(weights, outs)).to(q.dtype)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ncu", action="store_true", help="one plain forward at 256k between cudaProfilerStart/Stop")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=os.environ.get("GENOFLASH_COMMIT", "unknown"),
+                method="do_bench median; merged = one forward per key chunk (return_lse) + an lse merge in torch")
+    for n in (65536, 262144):
+        q, k, v = (torch.randn(1, n, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        if args.ncu:
+            if n == 262144:
+                genoflash.flash_attn_func(q, k, v)
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                genoflash.flash_attn_func(q, k, v)
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+            continue
+        flops = 4 * 8 * n * n * 128
+        whole = genoflash.flash_attn_func(q, k, v)
+        variants = {"whole": lambda: genoflash.flash_attn_func(q, k, v)}
+        for chunk in (16384, 32768, 65536):
+            if chunk < n:
+                variants[f"merged, key chunks of {chunk}"] = (lambda c=chunk: merged_forward(q, k, v, c))
+        for name, fn in variants.items():
+            err = (fn().float() - whole.float()).abs().max().item()
+            ms = triton.testing.do_bench(fn, warmup=5, rep=100, return_mode="median")
+            row = dict(seqlen=n, nheads=8, headdim=128, variant=name, ms=ms, tflops=flops / ms * 1e-9,
+                       max_diff_vs_whole=err)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            with open(args.out, "w") as f:
+                json.dump(dict(meta, rows=rows), f, indent=1)
+        q = k = v = whole = variants = None  # free before the next length
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
