@@ -125,6 +125,35 @@ def test_scan_rule_can_fail(device, monkeypatch):
         assert_scan_within_rule(inputs, torch.randn(1, seqlen, 8, device=device))
 
 
+def test_scan_keeps_its_inputs_and_the_core_output_only(device):
+    """For its backward the triton scan keeps the inputs as given (no float32 copies), the core's
+    float32 output and its chunk states: about 4 bytes per (token, channel) of its own. Composed
+    of PyTorch ops around the core it kept ~24 (dt before and after softplus, u, the skip sum,
+    silu(z) and z in float32); a return to that fails here."""
+    from genoflash.ops.mamba import scan
+
+    torch.manual_seed(13)
+    batch, seqlen, dim, dstate = 2, 150, 12, 4
+    inputs = scan_inputs(batch, seqlen, dim, dstate, torch.float16, device)
+    input_storages = {t.untyped_storage().data_ptr() for t in inputs.values() if isinstance(t, torch.Tensor)}
+    kept = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in input_storages:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with genoflash.use_backend("triton"), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = selective_scan_fn(**inputs)
+    chunks = -(-seqlen // scan._blocks(dim, dstate, interpreted=device.type != "cuda")["CHUNK"])
+    core_output = batch * seqlen * dim * 4
+    states = 2 * batch * chunks * dim * dstate * 4  # chunk-initial states and chunk decays
+    a32 = dim * dstate * 4  # A as float32 (it is given as float32 here: then it is the input itself)
+    assert sum(kept.values()) <= core_output + states + a32, kept
+    assert sum(kept.values()) >= core_output  # the hook does see what the function keeps
+    torch.autograd.grad(out, [inputs["u"]], torch.randn_like(out))  # the saved tensors still serve
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(u=torch.zeros(2, 3)), ValueError, "u must be"),
     (dict(delta=torch.zeros(1, 4, 8)), ValueError, "delta must have"),
