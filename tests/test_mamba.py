@@ -154,6 +154,23 @@ def test_scan_keeps_its_inputs_and_the_core_output_only(device):
     torch.autograd.grad(out, [inputs["u"]], torch.randn_like(out))  # the saved tensors still serve
 
 
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_scan_backward_leaves_float32_inputs_untouched(with_bias, device):
+    """The backward works in float32 and reuses its temporaries in place; with float32 inputs
+    (where .float() returns the input itself) it must still not write into z or delta."""
+    torch.manual_seed(14)
+    inputs = scan_inputs(2, 33, 6, 4, torch.float32, device)
+    if not with_bias:
+        inputs["delta_bias"] = None
+    before = {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    dy = torch.randn(2, 33, 6, device=device)
+    with genoflash.use_backend("triton"):
+        outputs_and_grads(selective_scan_fn, inputs, dy)
+    for name, value in before.items():
+        assert torch.equal(inputs[name].detach(), value), name
+    assert_scan_within_rule(inputs, dy)
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(u=torch.zeros(2, 3)), ValueError, "u must be"),
     (dict(delta=torch.zeros(1, 4, 8)), ValueError, "delta must have"),

@@ -17,10 +17,11 @@ MAX_DSTATE = 64
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _step_sizes(delta, delta_bias, softplus: bool) -> torch.Tensor:
-    """The core's float32 step sizes: softplus(delta + delta_bias), each part where given."""
-    dt = delta.float() if delta_bias is None else delta.float() + delta_bias.float()
-    return F.softplus(dt) if softplus else dt
+def _step_sizes(delta, delta_bias, softplus: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The core's float32 step sizes dt = softplus(x), x = delta + delta_bias (each part where
+    given), with x (softplus's derivative is sigmoid(x))."""
+    x = delta.float() if delta_bias is None else delta.float() + delta_bias.float()
+    return x, (F.softplus(x) if softplus else x)
 
 
 class SelectiveScanFunction(torch.autograd.Function):
@@ -31,9 +32,10 @@ class SelectiveScanFunction(torch.autograd.Function):
 
     Memory: autograd keeps the inputs (as given, usually 16-bit), the core's float32 output and
     its chunk states, nothing else. dt, the skip sum and the gate are recomputed in the
-    backward. Composed of PyTorch ops, the same function kept about 24 bytes of float32
-    intermediates per (token, channel) (dt before and after softplus, u, the skip sum, silu(z)
-    and z), 13 GB at 1M tokens and 512 channels.
+    backward, which frees each float32 temporary as soon as it is used (at 1M tokens and 512
+    channels each is 2 GiB). Composed of PyTorch ops, the same function kept about 24 bytes of
+    float32 intermediates per (token, channel) (dt before and after softplus, u, the skip sum,
+    silu(z) and z), 13 GB at that size.
     """
 
     @staticmethod
@@ -41,43 +43,49 @@ class SelectiveScanFunction(torch.autograd.Function):
         from .scan import scan_forward
         interpreted = triton_interpreted()
         u = u.contiguous()  # the kernels read any float dtype and upcast in registers
-        dt = _step_sizes(delta, delta_bias, softplus).contiguous()
+        dt = _step_sizes(delta, delta_bias, softplus)[1].contiguous()
         A32 = A.float().contiguous()
         y_core, h0, decay = scan_forward(u, dt, A32, B.contiguous(), C.contiguous(), interpreted)
+        del dt
         y = y_core if D is None else y_core + u.float() * D.float()
         if z is not None:
             y = y * F.silu(z.float())
         ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, y_core, h0, decay)
-        ctx.softplus, ctx.interpreted, ctx.deterministic = softplus, interpreted, deterministic
-        ctx.dtypes = (A.dtype,)
+        ctx.softplus, ctx.interpreted, ctx.deterministic, ctx.a_dtype = softplus, interpreted, deterministic, A.dtype
         return y.to(u.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         from .scan import scan_backward
         u, delta, A32, B, C, D, z, delta_bias, y_core, h0, decay = ctx.saved_tensors
-        dout = dout.float()
         dD = dz = ddelta_bias = None
-        dy = dout
+        dy = dout.float()  # dL/d(core + u D); dout itself is never written to
         if z is not None:
-            z32 = z.float()
+            z32 = z.to(torch.float32, copy=True)  # a copy even of a float32 z: it is overwritten below
             sig = torch.sigmoid(z32)
+            dsilu = sig * (1 + z32 * (1 - sig))  # d silu(z) / dz
+            gate = z32.mul_(sig)  # silu(z), in z32's memory
+            del sig
             y_skip = y_core if D is None else y_core + u.float() * D.float()
-            # d silu(z) / dz = sig (1 + z (1 - sig))
-            dz = (dout * y_skip * sig * (1 + z32 * (1 - sig))).to(z.dtype)
-            dy = dout * (z32 * sig)
-        dt = _step_sizes(delta, delta_bias, ctx.softplus).contiguous()
-        du, ddt, dA, dB, dC = scan_backward(dy, u, dt, A32, B.contiguous(), C.contiguous(), h0, decay,
+            dz = (dy * y_skip).mul_(dsilu).to(z.dtype)
+            del y_skip, dsilu
+            dy = dy * gate
+            del gate
+        x, dt = _step_sizes(delta, delta_bias, ctx.softplus)
+        if not ctx.softplus:
+            x = None
+        du, ddt, dA, dB, dC = scan_backward(dy, u, dt.contiguous(), A32, B.contiguous(), C.contiguous(), h0, decay,
                                             ctx.interpreted, ctx.deterministic)
+        del dt
         if D is not None:
-            du = du + dy * D.float()
+            du += dy * D.float()
             dD = (dy * u.float()).sum((0, 1)).to(D.dtype)
-        if ctx.softplus:  # d softplus(x) / dx = sigmoid(x)
-            x = delta.float() if delta_bias is None else delta.float() + delta_bias.float()
-            ddt = ddt * torch.sigmoid(x)
+        del dy
+        if ctx.softplus:  # d softplus(x) / dx = sigmoid(x); x may be delta itself, so not in place
+            ddt *= torch.sigmoid(x)
         if delta_bias is not None:
             ddelta_bias = ddt.sum((0, 1)).to(delta_bias.dtype)
-        return (du.to(u.dtype), ddt.to(delta.dtype), dA.to(ctx.dtypes[0]), dB.to(B.dtype), dC.to(C.dtype), dD, dz,
+        return (du.to(u.dtype), ddt.to(delta.dtype), dA.to(ctx.a_dtype), dB.to(B.dtype), dC.to(C.dtype), dD, dz,
                 ddelta_bias, None, None)
 
 
