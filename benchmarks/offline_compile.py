@@ -204,8 +204,14 @@ def main(argv):
         y, h0, decay = scan.scan_forward(u, delta, A, B, C)
         scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay)
         scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False)
+        seen_kernels: dict[str, int] = {}
         for name, warps, stages, kernel in COMPILED:
             print(f"mamba {name:<32} warps {warps} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")
+            if args.sass:  # no tensor-core loops here: the whole kernel's opcode counts
+                seen_kernels[name] = seen_kernels.get(name, 0) + 1
+                os.makedirs(args.sass, exist_ok=True)
+                ops = dump_sass(kernel, os.path.join(args.sass, f"{name}-{seen_kernels[name]}.sass"))
+                print("    " + " ".join(f"{op} {n}" for op, n in ops.most_common(16)))
         return
     fwd = _tiles(args.fwd) if args.fwd else None
     bwd = None
