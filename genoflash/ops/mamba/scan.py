@@ -204,7 +204,7 @@ def _scan_chunk_out_kernel(U, DELTA, A, B, C, H, Y, seqlen, dim, dstate,
 @triton.jit
 def _chunk_adjoint(DELTA, A, C, DY, off_b, t0, d0, seqlen, dim, dstate, amat,
                    stride_db, stride_dl, stride_dd, stride_cb, stride_cl, stride_cn, stride_yb, stride_yl, stride_yd,
-                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, FLIP_SCAN: tl.constexpr):
     """The within-chunk adjoint from dy alone, g_loc[t] = C[t] dy[t] + a[t+1] g_loc[t+1], and
     prod_{s>t} a[s] (the factor on the adjoint carried in from later chunks); plus dy."""
     offs_t = tl.arange(0, CHUNK)
@@ -220,8 +220,17 @@ def _chunk_adjoint(DELTA, A, C, DY, off_b, t0, d0, seqlen, dim, dstate, amat,
                   stride_yl, stride_yd, offs_t, offs_d, n_t, dim - d0)
     cmat = _tile_2d(C + off_b.to(tl.int64) * stride_cb + t0.to(tl.int64) * stride_cl, stride_cl, stride_cn,
                     offs_t, offs_n, n_t, dstate)
-    alpha_cum, g_loc = tl.associative_scan((alpha, dy[:, :, None] * cmat[:, None, :]), 0, _linear_recurrence,
-                                           reverse=True)
+    dyc = dy[:, :, None] * cmat[:, None, :]
+    if FLIP_SCAN:
+        # The reverse scan as a forward scan of the time-flipped tile, flipped back: the same
+        # compositions in the same order. On the forward's 16-channel tiles Triton keeps the
+        # forward scan along time inside each thread, where the flips cost nothing, but lowers
+        # reverse=True with lane shuffles (sm_90 SASS: the gradient kernel's 3,200 instructions
+        # per thread, 1,056 of them SHFL, become 2,560 with 416; benchmarks/NOTES.md). On the
+        # atomic path's 4-channel tiles the flips go through shared memory and cost more.
+        alpha_rev, g_rev = tl.associative_scan((tl.flip(alpha, 0), tl.flip(dyc, 0)), 0, _linear_recurrence)
+        return tl.flip(alpha_rev, 0), tl.flip(g_rev, 0), dy, cmat
+    alpha_cum, g_loc = tl.associative_scan((alpha, dyc), 0, _linear_recurrence, reverse=True)
     return alpha_cum, g_loc, dy, cmat
 
 
@@ -230,7 +239,8 @@ def _scan_chunk_bwd_local_kernel(U, DELTA, A, B, C, DY, Y_LOC, seqlen, dim, dsta
                                  stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad,
                                  stride_an, stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
                                  stride_yb, stride_yl, stride_yd, stride_sb, stride_sc, stride_sd,
-                                 CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                                 CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 FLIP_SCAN: tl.constexpr):
     """Backward pass 1: what each chunk hands to the one before it from its own dy,
     a[first] g_loc[first] (the reverse pass then adds the decayed adjoint from later chunks)."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
@@ -240,7 +250,7 @@ def _scan_chunk_bwd_local_kernel(U, DELTA, A, B, C, DY, Y_LOC, seqlen, dim, dsta
                                         stride_an, stride_bb, stride_bl, stride_bn, CHUNK, BLOCK_D, BLOCK_N)
     _, g_loc, _, _ = _chunk_adjoint(DELTA, A, C, DY, off_b, t0, d0, seqlen, dim, dstate, amat,
                                     stride_db, stride_dl, stride_dd, stride_cb, stride_cl, stride_cn,
-                                    stride_yb, stride_yl, stride_yd, CHUNK, BLOCK_D, BLOCK_N)
+                                    stride_yb, stride_yl, stride_yd, CHUNK, BLOCK_D, BLOCK_N, FLIP_SCAN)
     offs_t = tl.arange(0, CHUNK)
     ptrs, mask = _state_ptrs(Y_LOC, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
     tl.store(ptrs, _row(a * g_loc, offs_t, 0), mask=mask)
@@ -254,7 +264,7 @@ def _scan_chunk_grads_kernel(U, DELTA, A, B, C, DY, H, X, DU, DDELTA, DA_PART, D
                              stride_yb, stride_yl, stride_yd, stride_sb, stride_sc, stride_sd,
                              stride_pk, stride_pb, stride_pl,
                              CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                             ATOMIC: tl.constexpr):
+                             ATOMIC: tl.constexpr, FLIP_SCAN: tl.constexpr):
     """Backward pass 3: with h (forward rescan from H_c) and g (reverse rescan with X_c) of
     one chunk in registers, every gradient term (module docstring). du and ddelta go out in
     float32 (B, L, D); dA as per-chunk partial sums; dB and dC as per-channel-block partial
@@ -272,7 +282,7 @@ def _scan_chunk_grads_kernel(U, DELTA, A, B, C, DY, H, X, DU, DDELTA, DA_PART, D
     h = h_loc + a_cum * tl.load(ptrs, mask=mask, other=0.0)[None, :, :]
     alpha_cum, g_loc, dy, cmat = _chunk_adjoint(DELTA, A, C, DY, off_b, t0, d0, seqlen, dim, dstate, amat,
                                                 stride_db, stride_dl, stride_dd, stride_cb, stride_cl, stride_cn,
-                                                stride_yb, stride_yl, stride_yd, CHUNK, BLOCK_D, BLOCK_N)
+                                                stride_yb, stride_yl, stride_yd, CHUNK, BLOCK_D, BLOCK_N, FLIP_SCAN)
     ptrs, mask = _state_ptrs(X, off_b, chunk, d0, stride_sb, stride_sc, stride_sd, dim, dstate, BLOCK_D, BLOCK_N)
     g = g_loc + alpha_cum * tl.load(ptrs, mask=mask, other=0.0)[None, :, :]
 
@@ -395,8 +405,10 @@ def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False, d
     y_loc, carried = torch.empty_like(h0), torch.empty_like(h0)
     common = (seqlen, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B))
     s_strides = (h0.stride(0), h0.stride(1), h0.stride(2))
+    # Both backward kernels scan the adjoint in reverse: as a flipped forward scan on the
+    # forward's tiles, natively on the atomic path's narrower ones (_chunk_adjoint).
     _scan_chunk_bwd_local_kernel[grid](u, delta, A, B, C, dy, y_loc, *common, *_strides3(C), *_strides3(dy),
-                                       *s_strides, **cfg)
+                                       *s_strides, FLIP_SCAN=True, **cfg)
     _carry_walk(y_loc, decay, carried, True, cfg)
     du = torch.empty(u.shape, device=u.device, dtype=torch.float32)  # u is contiguous (interface.py)
     ddelta = torch.empty_like(du)
@@ -409,5 +421,5 @@ def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False, d
     dc_part = (torch.zeros if not deterministic else torch.empty)(db_part.shape, device=u.device, dtype=torch.float32)
     _scan_chunk_grads_kernel[grid](u, delta, A, B, C, dy, h0, carried, du, ddelta, da_part, db_part, dc_part, *common,
                                    *_strides3(C), *_strides3(dy), *s_strides, db_part.stride(0), db_part.stride(1),
-                                   db_part.stride(2), ATOMIC=not deterministic, **cfg)
+                                   db_part.stride(2), ATOMIC=not deterministic, FLIP_SCAN=deterministic, **cfg)
     return du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0)
