@@ -171,6 +171,27 @@ def test_scan_backward_leaves_float32_inputs_untouched(with_bias, device):
     assert_scan_within_rule(inputs, dy)
 
 
+def test_flipped_reverse_scan_equals_the_reverse_scan(device, monkeypatch):
+    """The backward's adjoint scan as a forward scan of the time-flipped tile (the compiled
+    deterministic path's default; the CPU runs take reverse=True, where tl.flip is slow) gives
+    the same gradients as Triton's reverse=True, and stays within the rule, over several chunks."""
+    from genoflash.ops.mamba import scan
+
+    torch.manual_seed(15)
+    seqlen = 3 * scan._blocks(6, 4, interpreted=device.type != "cuda")["CHUNK"] + 7
+    inputs = scan_inputs(1, seqlen, 6, 4, torch.float32, device)
+    dy = torch.randn(1, seqlen, 6, device=device)
+    fn = selective_scan_fn
+    runs = {}
+    for flip in (False, True):
+        monkeypatch.setattr(scan, "FLIP_REVERSE_SCAN", flip)
+        with genoflash.use_backend("triton"):
+            runs[flip], names = outputs_and_grads(fn, inputs, dy)
+    for name, a, b in zip(names, runs[False], runs[True]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert_scan_within_rule(inputs, dy, fn=fn)  # with FLIP_REVERSE_SCAN still True
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(u=torch.zeros(2, 3)), ValueError, "u must be"),
     (dict(delta=torch.zeros(1, 4, 8)), ValueError, "delta must have"),

@@ -349,6 +349,15 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 # Below this many chunks one sequential walk is short enough.
 _ONE_LEVEL_CHUNKS = 16
 
+# Whether the backward scans the adjoint as a flipped forward scan (_chunk_adjoint). None: where the
+# kernels are compiled. The interpreter runs tl.flip slowly (the scan tests took ~3x as long), so
+# CPU runs take reverse=True unless a test sets this to True (tests/test_mamba.py does, for both).
+FLIP_REVERSE_SCAN: bool | None = None
+
+
+def _flip_reverse_scan(interpreted: bool) -> bool:
+    return (not interpreted) if FLIP_REVERSE_SCAN is None else FLIP_REVERSE_SCAN
+
 
 def _carry_walk(s_loc: torch.Tensor, decay: torch.Tensor, out: torch.Tensor, reverse: bool, cfg: dict) -> None:
     """out[c] = the carry into chunk c of the walk carry <- P_c carry + S_c (in chunk order, or
@@ -407,8 +416,9 @@ def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False, d
     s_strides = (h0.stride(0), h0.stride(1), h0.stride(2))
     # Both backward kernels scan the adjoint in reverse: as a flipped forward scan on the
     # forward's tiles, natively on the atomic path's narrower ones (_chunk_adjoint).
+    flip = _flip_reverse_scan(interpreted)
     _scan_chunk_bwd_local_kernel[grid](u, delta, A, B, C, dy, y_loc, *common, *_strides3(C), *_strides3(dy),
-                                       *s_strides, FLIP_SCAN=True, **cfg)
+                                       *s_strides, FLIP_SCAN=flip, **cfg)
     _carry_walk(y_loc, decay, carried, True, cfg)
     du = torch.empty(u.shape, device=u.device, dtype=torch.float32)  # u is contiguous (interface.py)
     ddelta = torch.empty_like(du)
@@ -421,5 +431,5 @@ def scan_backward(dy, u, delta, A, B, C, h0, decay, interpreted: bool = False, d
     dc_part = (torch.zeros if not deterministic else torch.empty)(db_part.shape, device=u.device, dtype=torch.float32)
     _scan_chunk_grads_kernel[grid](u, delta, A, B, C, dy, h0, carried, du, ddelta, da_part, db_part, dc_part, *common,
                                    *_strides3(C), *_strides3(dy), *s_strides, db_part.stride(0), db_part.stride(1),
-                                   db_part.stride(2), ATOMIC=not deterministic, FLIP_SCAN=deterministic, **cfg)
+                                   db_part.stride(2), ATOMIC=not deterministic, FLIP_SCAN=flip and deterministic, **cfg)
     return du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0)
