@@ -60,8 +60,27 @@ def _time(fn, device) -> float:
     return sorted(times)[1]
 
 
+def time_and_peak(step, device) -> dict:
+    """{"ms", "peak_gib"} of step() (one forward+backward): the median ms after one warm-up call,
+    and the peak memory of one call in GiB (GPU; None on the CPU). A call of over a second is
+    timed once ("timed_calls": 1): repeats would add nothing but minutes."""
+    step()
+    if device.type != "cuda":
+        return {"ms": _time(step, device), "peak_gib": None}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    once_ms = (time.perf_counter() - start) * 1e3
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    if once_ms > 1000:
+        return {"ms": once_ms, "peak_gib": peak, "timed_calls": 1}
+    return {"ms": _time(step, device), "peak_gib": peak}
+
+
 def measure(mixer: str, d_model: int, seqlen: int, device, dtype) -> dict:
-    """{"ms", "peak_gib"} of one forward+backward, or {"error"}."""
+    """{"ms", "peak_gib"} of one layer's forward+backward, or {"error"}."""
     try:
         layer = build(mixer, d_model, seqlen, device, dtype)
         x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
@@ -70,19 +89,7 @@ def measure(mixer: str, d_model: int, seqlen: int, device, dtype) -> dict:
         def step():
             torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
 
-        step()
-        if device.type != "cuda":
-            return {"ms": _time(step, device), "peak_gib": None}
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        once_ms = (time.perf_counter() - start) * 1e3
-        peak = torch.cuda.max_memory_allocated() / 2**30
-        if once_ms > 1000:  # a call of seconds: repeats add nothing but minutes
-            return {"ms": once_ms, "peak_gib": peak, "timed_calls": 1}
-        return {"ms": _time(step, device), "peak_gib": peak}
+        return time_and_peak(step, device)
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     finally:
@@ -125,19 +132,6 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, bc_dtype=torc
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
 
-def _fwd_bwd_ms_and_peak(step, device) -> tuple[float, float | None]:
-    """Median ms of step() and its peak memory in GiB (GPU), after one warm-up call."""
-    step()
-    if device.type != "cuda":
-        return _time(step, device), None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    return _time(step, device), peak
-
-
 def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstate: int = 128,
                   chunk: int = 256) -> dict:
     """Mamba-2's SSD scan (mamba_ssm's Triton kernels), forward+backward at batch 1: x bf16
@@ -162,11 +156,11 @@ def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstat
         torch.autograd.grad(y, [x, dt, A, B, C, D], dy)
 
     try:
-        ms, peak = _fwd_bwd_ms_and_peak(step, device)
+        timed = time_and_peak(step, device)
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     return {"seqlen": seqlen, "nheads": nheads, "headdim": headdim, "dstate": dstate, "chunk": chunk,
-            "fwd_bwd_ms": ms, "peak_gib": peak}
+            "fwd_bwd_ms": timed.pop("ms"), **timed}
 
 
 def genoflash_scan_core(seqlen: int, d_inner: int, dstate: int, device) -> dict:
@@ -189,8 +183,8 @@ def genoflash_scan_core(seqlen: int, d_inner: int, dstate: int, device) -> dict:
         y = selective_scan_fn(u, delta, A, B, C, D)
         torch.autograd.grad(y, [u, delta, A, B, C, D], dy)
 
-    ms, peak = _fwd_bwd_ms_and_peak(step, device)
-    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "fwd_bwd_ms": ms, "peak_gib": peak}
+    timed = time_and_peak(step, device)
+    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "fwd_bwd_ms": timed.pop("ms"), **timed}
 
 
 def kernel_breakdown(mixer: str, d_model: int, seqlen: int, device, dtype, top: int = 12) -> dict:

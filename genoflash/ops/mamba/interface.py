@@ -24,6 +24,11 @@ def _step_sizes(delta, delta_bias, softplus: bool) -> tuple[torch.Tensor, torch.
     return x, (F.softplus(x) if softplus else x)
 
 
+def _with_skip(y_core, u, D) -> torch.Tensor:
+    """The core's output plus the skip term u D, in float32."""
+    return y_core if D is None else y_core + u.float() * D.float()
+
+
 class SelectiveScanFunction(torch.autograd.Function):
     """out = ((core(u, dt, A, B, C) + u D) * silu(z)) in u's dtype, dt = softplus(delta +
     delta_bias), where core is y[t, d] = sum_n C[t, n] h[t, d, n], h[t] = exp(dt A) h[t-1] +
@@ -47,7 +52,7 @@ class SelectiveScanFunction(torch.autograd.Function):
         A32 = A.float().contiguous()
         y_core, h0, decay = scan_forward(u, dt, A32, B.contiguous(), C.contiguous(), interpreted)
         del dt
-        y = y_core if D is None else y_core + u.float() * D.float()
+        y = _with_skip(y_core, u, D)
         if z is not None:
             y = y * F.silu(z.float())
         ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, y_core, h0, decay)
@@ -66,14 +71,14 @@ class SelectiveScanFunction(torch.autograd.Function):
             dsilu = sig * (1 + z32 * (1 - sig))  # d silu(z) / dz
             gate = z32.mul_(sig)  # silu(z), in z32's memory
             del sig
-            y_skip = y_core if D is None else y_core + u.float() * D.float()
+            y_skip = _with_skip(y_core, u, D)
             dz = (dy * y_skip).mul_(dsilu).to(z.dtype)
             del y_skip, dsilu
             dy = dy * gate
             del gate
         x, dt = _step_sizes(delta, delta_bias, ctx.softplus)
         if not ctx.softplus:
-            x = None
+            x = None  # it is dt itself then; dropping this name lets dt's memory go below
         du, ddt, dA, dB, dC = scan_backward(dy, u, dt.contiguous(), A32, B.contiguous(), C.contiguous(), h0, decay,
                                             ctx.interpreted, ctx.deterministic)
         del dt
