@@ -35,7 +35,7 @@ from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
-from .descriptors import rope_tma_applies, table_descriptor, tile_descriptor, tma_applies
+from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .tiles import _atomic_add_tile_tma, _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
 
 
@@ -442,16 +442,13 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     # pointer loads in its dK/dV pass.
     fused = not a.deterministic and cfg.one_pass
     dkdv_tma = tma and cfg.dkdv_q_by_tma and not fused
-    dkdv_desc, dq_descs = None, [None] * 5
+    dkdv_desc, dq_descs = None, [None] * 5  # dQ pass: K, V, then K's pass-through and cos/sin (RoPE)
     if dkdv_tma:
         dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
     if tma or rope_tma:
-        dq_descs[:2] = [tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_R"] if rope_tma else blocks["BLOCK_P"]),
-                        tile_descriptor(v, cfg.dq.block_n, block_dv)]
-    if rope_tma:  # K's pass-through channels (if any) and both tables, for _load_qk_tma
-        if a.rotary_dim < head_dim:
-            dq_descs[2] = tile_descriptor(k, cfg.dq.block_n, blocks["BLOCK_P"])
-        dq_descs[3:] = [table_descriptor(t, cfg.dq.block_n, blocks["BLOCK_R"]) for t in (a.rotary_cos, a.rotary_sin)]
+        k_desc, *rope_descs = key_descriptors(k, cfg.dq.block_n, blocks, rope_tma, a.rotary_dim, a.rotary_cos,
+                                              a.rotary_sin)
+        dq_descs = [k_desc, tile_descriptor(v, cfg.dq.block_n, block_dv), *rope_descs]
 
     # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
     # accumulator (5 matmuls in all instead of 7: no dQ pass recomputing P and dP), and a light

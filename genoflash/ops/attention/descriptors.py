@@ -10,8 +10,9 @@ minimal forward at hd128 went from 491 TF/s with pointer loads to 532 with 4-D d
 
 Used where they apply: fixed-length batches (a varlen tile that runs past its sequence would
 read its neighbour, not zeros) and tensors whose base and strides meet the copy engine's
-16-byte alignment. With RoPE only the forward's K (NeoX halves, one box each) and its tables
-take them (`rope_tma_applies`); the backward's RoPE tiles keep pointer loads. Everything else
+16-byte alignment. With RoPE only K (NeoX halves, one box each) and its tables take them
+(`rope_tma_applies`, `key_descriptors`): in the forward, and in the backward's dQ pass where the
+tile table asks for it; the rotated Q tiles keep pointer loads. Everything else
 takes the pointer loads. Under the Triton interpreter descriptors work too, so CPU tests
 run this path.
 """
@@ -61,9 +62,9 @@ def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:
 
 def rope_tma_applies(varlen: bool, interleaved: bool, cos: torch.Tensor | None, sin: torch.Tensor | None,
                      *tensors: torch.Tensor) -> bool:
-    """Whether the forward takes K's NeoX halves and the RoPE tables through descriptors
-    (rotary.py, `_load_qk_tma`): fixed-length batches, NeoX halves (interleaved pairs are not
-    two contiguous boxes), and tables whose rows meet the copy engine's alignment."""
+    """Whether K's NeoX halves and the RoPE tables can go through descriptors (rotary.py,
+    `_load_qk_tma`): fixed-length batches, NeoX halves (interleaved pairs are not two contiguous
+    boxes), and tables whose rows meet the copy engine's alignment."""
     if cos is None or interleaved:
         return False
     # The second half's box starts at channel R/2 and the pass-through's at R: box starts along
@@ -79,6 +80,19 @@ def table_descriptor(t: torch.Tensor, block_rows: int, block_r: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_rows, block_r])
+
+
+def key_descriptors(k: torch.Tensor, block_n: int, blocks: dict, rope: bool, rotary_dim: int,
+                    cos: torch.Tensor | None, sin: torch.Tensor | None) -> list:
+    """[K, K's pass-through channels, cos, sin] descriptors for (block_n)-row key tiles. Without
+    RoPE, one box of BLOCK_P channels and three Nones; with RoPE (`rope_tma_applies`), K's box
+    is one NeoX half (BLOCK_R channels), the pass-through box exists when rotary_dim < head dim,
+    and the tables come in (block_n, BLOCK_R) boxes, for `rotary._load_qk_tma`."""
+    if not rope:
+        return [tile_descriptor(k, block_n, blocks["BLOCK_P"]), None, None, None]
+    passthrough = tile_descriptor(k, block_n, blocks["BLOCK_P"]) if rotary_dim < k.shape[-1] else None
+    return [tile_descriptor(k, block_n, blocks["BLOCK_R"]), passthrough,
+            *(table_descriptor(t, block_n, blocks["BLOCK_R"]) for t in (cos, sin))]
 
 
 def tile_descriptor(t: torch.Tensor, block_rows: int, block_d: int):

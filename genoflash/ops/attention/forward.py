@@ -17,7 +17,7 @@ from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
 from .configs import forward_config
-from .descriptors import rope_tma_applies, table_descriptor, tile_descriptor, tma_applies
+from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
 from .mask import _dropout_keep, _mask_scores
@@ -272,16 +272,13 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     blocks = qk_blocks(head_dim, a.rotary_dim)
     rope_tma = rope_tma_applies(a.varlen, a.rotary_interleaved, a.rotary_cos, a.rotary_sin, q, k, v, out)
     tma = rope_tma or tma_applies(a.varlen, a.rotary_dim, q, k, v, out)
-    descs = [None] * 7
+    descs = [None] * 7  # Q, K, V, O, then K's pass-through channels and the cos/sin tables (RoPE)
     if tma:
-        descs[:4] = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]),
-                     tile_descriptor(k, cfg.block_n, blocks["BLOCK_R"] if rope_tma else blocks["BLOCK_P"]),
-                     tile_descriptor(v, cfg.block_n, head_block(head_dim_v)),
-                     tile_descriptor(out, cfg.block_m, head_block(head_dim_v))]
-    if rope_tma:  # K's pass-through channels (if any) and both tables, for _load_qk_tma
-        if a.rotary_dim < head_dim:
-            descs[4] = tile_descriptor(k, cfg.block_n, blocks["BLOCK_P"])
-        descs[5:] = [table_descriptor(t, cfg.block_n, blocks["BLOCK_R"]) for t in (a.rotary_cos, a.rotary_sin)]
+        k_desc, *rope_descs = key_descriptors(k, cfg.block_n, blocks, rope_tma, a.rotary_dim, a.rotary_cos,
+                                              a.rotary_sin)
+        descs = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]), k_desc,
+                 tile_descriptor(v, cfg.block_n, head_block(head_dim_v)),
+                 tile_descriptor(out, cfg.block_m, head_block(head_dim_v)), *rope_descs]
     launch(_attn_fwd_kernel, (num_m_blocks * batch * nheads,), cfg,
         q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin, *descs,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
