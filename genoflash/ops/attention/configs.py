@@ -40,11 +40,12 @@ class BackwardConfig:
     one_pass: bool = False
     fused_dkdv: TileConfig | None = None  # the one-pass dK/dV tiles; None means the dkdv tiles
     # With RoPE (NeoX halves, fixed lengths), whether the dQ pass takes K's halves, pass-through
-    # channels and the tables by TMA, as the forward does. Not yet timed: the sm_90 compile at
-    # hd128 has a longer key loop than with pointer loads (587 against 527 instructions, fp32
-    # tables) and spills 48 bytes, at hd256 and (128, 192) a shorter one with fewer spills. The
-    # forward's same change measured 26% faster where its SASS predicted 2%, so it waits for a
-    # measurement (benchmarks/rope_probe.py times both) before any entry turns it on.
+    # channels and the tables by TMA, as the forward does. The sm_90 compile at hd128 has a
+    # longer key loop than with pointer loads (587 against 527 instructions, fp32 tables), yet
+    # it measured faster there (benchmarks/rope_probe.py at 4a904cb, H200, fwd+bwd ms, pointers
+    # -> TMA: H16 N16k fp32 tables 28.70 -> 27.78, fp16 25.81 -> 25.71; H8 N64k fp32 223.7 ->
+    # 219.5, fp16 209.3 -> 205.5; results/h200-2026-11-30-rope-probe-4a904cb.json), so the
+    # RoPE entry up to hd128 takes it. Other head dims are untimed and keep pointer loads.
     dq_rope_by_tma: bool = False
 
 
@@ -108,8 +109,9 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     if widest <= 128 and not rotary_table_bytes:
         return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3),
                               fused_dkdv=TileConfig(32, 128, 8, 3))
-    if widest <= 128:
-        return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3))
+    if widest <= 128:  # with RoPE
+        return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3),
+                              dq_rope_by_tma=True)
     if rotary_table_bytes:
         return BackwardConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2))
     if head_dim + head_dim_v <= 256:  # (64, 192): whole backward 9.3 ms at B1 H8 N16k
