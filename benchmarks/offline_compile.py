@@ -199,11 +199,14 @@ def main(argv):
         kw = dict(rotary_cos=cos, rotary_sin=sin, dropout_p=0.1)
     if case == "mamba":  # the selective scan's kernels at Mamba's usual sizes (d_inner 512, dstate 16)
         from genoflash.ops.mamba import scan
-        u, delta = torch.randn(1, 1000, 512), torch.rand(1, 1000, 512)
-        A, B, C = -torch.rand(512, 16), torch.randn(1, 1000, 16), torch.randn(1, 1000, 16)
-        y, h0, decay = scan.scan_forward(u, delta, A, B, C)
-        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay)
-        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False)
+        # As the Mamba layer calls them: 16-bit u, delta, z, B, C, with D, delta_bias and the softplus.
+        u, delta, z = (torch.randn(1, 1000, 512, dtype=torch.bfloat16) for _ in range(3))
+        A = -torch.rand(512, 16)
+        B, C = (torch.randn(1, 1000, 16, dtype=torch.bfloat16) for _ in range(2))
+        extras = dict(D=torch.ones(512), z=z, delta_bias=torch.rand(512), softplus=True)
+        y, h0, decay = scan.scan_forward(u, delta, A, B, C, **extras)
+        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, **extras)
+        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False, **extras)
         seen_kernels: dict[str, int] = {}
         for name, warps, stages, kernel in COMPILED:
             print(f"mamba {name:<32} warps {warps} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")

@@ -105,29 +105,35 @@ def copy_bandwidth_gbps(device, gib: float = 2.0) -> float:
     return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
 
 
-def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, bc_dtype=torch.bfloat16) -> dict:
-    """The Mamba scan core alone (ops/mamba/scan.py), forward and backward, at batch 1 and the
-    dtypes the Mamba layer hands it (u, delta float32; B, C bf16). GB/s count the bytes the core
-    must move: forward reads u, delta, B, C and writes y; backward reads dy, u, delta, B, C and
-    writes du, ddelta, dB, dC (float32). The kernels' real traffic is larger (they read u and
-    delta twice, and pass chunk states through HBM). The backward is timed both ways:
-    deterministic (the default) and with atomic dB/dC (`deterministic=False`)."""
+def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.bfloat16) -> dict:
+    """The Mamba scan's kernels alone (ops/mamba/scan.py), forward and backward, at batch 1, as
+    the Mamba layer calls them: u, delta, z, B, C in `dtype`, A, D and delta_bias float32, with
+    the softplus, the skip and the gate (all inside the kernels). GB/s count the bytes the scan
+    must move: forward reads u, delta, z, B, C and writes out; backward reads dout, u, delta, z,
+    B, C and writes du, ddelta, dz (in `dtype`) and dB, dC (float32). The kernels' real
+    traffic is larger (they read their inputs two or three times, and pass chunk states through
+    HBM). The backward is timed both ways: deterministic (the default) and with atomic dB/dC
+    (`deterministic=False`)."""
     from ..ops.mamba.scan import scan_backward, scan_forward
     gen = torch.Generator(device=device).manual_seed(0)
-    u = torch.randn(1, seqlen, d_inner, device=device, generator=gen)
-    delta = torch.rand(1, seqlen, d_inner, device=device, generator=gen) * 0.1
+    u, z = (torch.randn(1, seqlen, d_inner, device=device, generator=gen).to(dtype) for _ in range(2))
+    delta = (torch.randn(1, seqlen, d_inner, device=device, generator=gen) * 0.5).to(dtype)
     A = -torch.rand(d_inner, dstate, device=device, generator=gen) - 0.5
-    B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(bc_dtype) for _ in range(2))
-    y, h0, decay = scan_forward(u, delta, A, B, C)
-    dy = torch.randn_like(y)
-    fwd_ms = _time(lambda: scan_forward(u, delta, A, B, C), device)
-    bwd_ms = _time(lambda: scan_backward(dy, u, delta, A, B, C, h0, decay), device)
-    bwd_atomic_ms = _time(lambda: scan_backward(dy, u, delta, A, B, C, h0, decay, deterministic=False), device)
-    ld, ln, bc = seqlen * d_inner, seqlen * dstate, B.element_size()
-    fwd_bytes = 4 * ld * 3 + 2 * bc * ln
-    bwd_bytes = 4 * ld * 5 + 2 * bc * ln + 2 * 4 * ln
-    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
-            "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9, "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
+    B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(dtype) for _ in range(2))
+    D = torch.ones(d_inner, device=device)
+    bias = torch.rand(d_inner, device=device, generator=gen) - 4.0
+    extras = dict(D=D, z=z, delta_bias=bias, softplus=True)
+    out, h0, decay = scan_forward(u, delta, A, B, C, **extras)
+    dout = torch.randn_like(out)
+    fwd_ms = _time(lambda: scan_forward(u, delta, A, B, C, **extras), device)
+    bwd_ms = _time(lambda: scan_backward(dout, u, delta, A, B, C, h0, decay, **extras), device)
+    bwd_atomic_ms = _time(lambda: scan_backward(dout, u, delta, A, B, C, h0, decay, deterministic=False, **extras),
+                          device)
+    ld, ln, e = seqlen * d_inner, seqlen * dstate, u.element_size()
+    fwd_bytes = e * (4 * ld + 2 * ln)
+    bwd_bytes = e * (7 * ld + 2 * ln) + 2 * 4 * ln
+    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "dtype": str(dtype), "fwd_ms": fwd_ms,
+            "bwd_ms": bwd_ms, "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9, "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
             "bwd_atomic_ms": bwd_atomic_ms, "bwd_atomic_gbps": bwd_bytes / (bwd_atomic_ms * 1e-3) / 1e9,
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
@@ -164,20 +170,20 @@ def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstat
 
 
 def genoflash_scan_core(seqlen: int, d_inner: int, dstate: int, device) -> dict:
-    """genoflash's selective scan (`selective_scan_fn`: the Triton core of ops/mamba/scan.py
-    plus the skip D) forward+backward through autograd, at the dtypes the Mamba layer hands it
-    (u, delta float32; B, C bf16 on the GPU): time and peak memory, to stand beside
-    ssd_peer_core."""
+    """genoflash's selective scan (`selective_scan_fn`, ops/mamba/scan.py, with the skip D)
+    forward+backward through autograd, at the dtypes the Mamba layer hands it (u, delta, B, C
+    bf16 on the GPU; A and D float32): time and peak memory, to stand beside ssd_peer_core (no
+    gate z there either)."""
     from ..ops.mamba import selective_scan_fn
     gen = torch.Generator(device=device).manual_seed(0)
-    bc_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    u = torch.randn(1, seqlen, d_inner, device=device, generator=gen).requires_grad_()
-    delta = (torch.rand(1, seqlen, d_inner, device=device, generator=gen) * 0.1).requires_grad_()
+    bf16 = torch.bfloat16 if device.type == "cuda" else torch.float32
+    u = torch.randn(1, seqlen, d_inner, device=device, generator=gen).to(bf16).requires_grad_()
+    delta = (torch.rand(1, seqlen, d_inner, device=device, generator=gen) * 0.1).to(bf16).requires_grad_()
     A = (-torch.rand(d_inner, dstate, device=device, generator=gen) - 0.5).requires_grad_()
-    B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(bc_dtype).requires_grad_()
+    B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(bf16).requires_grad_()
             for _ in range(2))
     D = torch.randn(d_inner, device=device, generator=gen).requires_grad_()
-    dy = torch.randn(1, seqlen, d_inner, device=device, generator=gen)
+    dy = torch.randn(1, seqlen, d_inner, device=device, generator=gen).to(bf16)
 
     def step():
         y = selective_scan_fn(u, delta, A, B, C, D)

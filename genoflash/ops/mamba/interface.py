@@ -1,14 +1,13 @@
 """`selective_scan_fn`: Mamba's selective scan with mamba-ssm's argument names, in genoflash's
-(batch, seqlen, ...) layout. Validate -> the chosen backend: `triton` runs the core scan of
-scan.py inside one autograd Function with its element-wise prologue (delta_bias, softplus) and
-epilogue (skip D, gate z); `torch` and `reference` run the sequential recurrence of
+(batch, seqlen, ...) layout. Validate -> the chosen backend: `triton` runs the Triton kernels of
+scan.py, which also do the element-wise prologue (delta_bias, softplus) and epilogue (skip D,
+gate z), inside one autograd Function; `torch` and `reference` run the sequential recurrence of
 reference.py (slow, for CPUs and tests).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...backends import select_backend, triton_interpreted
 from .reference import selective_scan_reference
@@ -17,81 +16,45 @@ MAX_DSTATE = 64
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _step_sizes(delta, delta_bias, softplus: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The core's float32 step sizes dt = softplus(x), x = delta + delta_bias (each part where
-    given), with x (softplus's derivative is sigmoid(x))."""
-    x = delta.float() if delta_bias is None else delta.float() + delta_bias.float()
-    return x, (F.softplus(x) if softplus else x)
-
-
-def _with_skip(y_core, u, D) -> torch.Tensor:
-    """The core's output plus the skip term u D, in float32."""
-    return y_core if D is None else y_core + u.float() * D.float()
-
-
 class SelectiveScanFunction(torch.autograd.Function):
     """out = ((core(u, dt, A, B, C) + u D) * silu(z)) in u's dtype, dt = softplus(delta +
     delta_bias), where core is y[t, d] = sum_n C[t, n] h[t, d, n], h[t] = exp(dt A) h[t-1] +
-    dt B u, by the Triton kernels of scan.py. Everything around the core is float32, as in
-    reference.py, and rounded once at the end; du's two parts (core and skip) add in float32.
+    dt B u. The Triton kernels of scan.py do all of it in float32 registers and round once,
+    as reference.py computes it.
 
-    Memory: autograd keeps the inputs (as given, usually 16-bit), the core's float32 output and
-    its chunk states, nothing else. dt, the skip sum and the gate are recomputed in the
-    backward, which frees each float32 temporary as soon as it is used (at 1M tokens and 512
-    channels each is 2 GiB). Composed of PyTorch ops, the same function kept about 24 bytes of
-    float32 intermediates per (token, channel) (dt before and after softplus, u, the skip sum,
-    silu(z) and z), 13 GB at that size.
+    Memory: autograd keeps the inputs as given (usually 16-bit) and the core's chunk states,
+    nothing of size (token, channel) of its own. The backward kernels recompute dt, the gate
+    and the core's output from them. Composed of PyTorch ops around the core, the same function
+    kept about 24 bytes of float32 per (token, channel) (dt before and after softplus, u, the
+    skip sum, silu(z) and z), and its backward made several float32 temporaries of that size
+    (2 GiB each at 1M tokens and 512 channels).
     """
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, deterministic):
         from .scan import scan_forward
         interpreted = triton_interpreted()
-        u = u.contiguous()  # the kernels read any float dtype and upcast in registers
-        dt = _step_sizes(delta, delta_bias, softplus)[1].contiguous()
+        # Any float dtype is read and upcast in registers. z is read with its own strides (the
+        # Mamba layer's is a view into in_proj's output, which stays alive anyway: no copy).
+        u, delta = u.contiguous(), delta.contiguous()
         A32 = A.float().contiguous()
-        y_core, h0, decay = scan_forward(u, dt, A32, B.contiguous(), C.contiguous(), interpreted)
-        del dt
-        y = _with_skip(y_core, u, D)
-        if z is not None:
-            y = y * F.silu(z.float())
-        ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, y_core, h0, decay)
+        B, C = B.contiguous(), C.contiguous()
+        out, h0, decay = scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
+                                      softplus=softplus)
+        ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, h0, decay)
         ctx.softplus, ctx.interpreted, ctx.deterministic, ctx.a_dtype = softplus, interpreted, deterministic, A.dtype
-        return y.to(u.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
         from .scan import scan_backward
-        u, delta, A32, B, C, D, z, delta_bias, y_core, h0, decay = ctx.saved_tensors
-        dD = dz = ddelta_bias = None
-        dy = dout.float()  # dL/d(core + u D); dout itself is never written to
-        if z is not None:
-            z32 = z.to(torch.float32, copy=True)  # a copy even of a float32 z: it is overwritten below
-            sig = torch.sigmoid(z32)
-            dsilu = sig * (1 + z32 * (1 - sig))  # d silu(z) / dz
-            gate = z32.mul_(sig)  # silu(z), in z32's memory
-            del sig
-            y_skip = _with_skip(y_core, u, D)
-            dz = (dy * y_skip).mul_(dsilu).to(z.dtype)
-            del y_skip, dsilu
-            dy = dy * gate
-            del gate
-        x, dt = _step_sizes(delta, delta_bias, ctx.softplus)
-        if not ctx.softplus:
-            x = None  # it is dt itself then; dropping this name lets dt's memory go below
-        du, ddt, dA, dB, dC = scan_backward(dy, u, dt.contiguous(), A32, B.contiguous(), C.contiguous(), h0, decay,
-                                            ctx.interpreted, ctx.deterministic)
-        del dt
-        if D is not None:
-            du += dy * D.float()
-            dD = (dy * u.float()).sum((0, 1)).to(D.dtype)
-        del dy
-        if ctx.softplus:  # d softplus(x) / dx = sigmoid(x); x may be delta itself, so not in place
-            ddt *= torch.sigmoid(x)
-        if delta_bias is not None:
-            ddelta_bias = ddt.sum((0, 1)).to(delta_bias.dtype)
-        return (du.to(u.dtype), ddt.to(delta.dtype), dA.to(ctx.a_dtype), dB.to(B.dtype), dC.to(C.dtype), dD, dz,
-                ddelta_bias, None, None)
+        u, delta, A32, B, C, D, z, delta_bias, h0, decay = ctx.saved_tensors
+        du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = scan_backward(
+            dout, u, delta, A32, B, C, h0, decay, ctx.interpreted, ctx.deterministic, D=D, z=z,
+            delta_bias=delta_bias, softplus=ctx.softplus)
+        return (du, ddelta, dA.to(ctx.a_dtype), dB.to(B.dtype), dC.to(C.dtype),
+                None if dD is None else dD.to(D.dtype), dz,
+                None if ddelta_bias is None else ddelta_bias.to(delta_bias.dtype), None, None)
 
 
 def _check(u, delta, A, B, C, D, z, delta_bias) -> None:
