@@ -182,7 +182,7 @@ def test_kernel_softplus_is_accurate_where_log1p_matters(device):
 def test_scan_with_each_prologue_and_epilogue_part_alone(extra, device):
     """The kernels branch on each of delta_bias, softplus, D and z (constexpr flags): each alone,
     over several chunks, within the rule. "z-view" passes z as a strided view, as the Mamba layer
-    does (the second half of in_proj's output)."""
+    does (the second half of in_proj's output); D and delta_bias come as strided views too."""
     from genoflash.ops.mamba import scan
 
     torch.manual_seed(16)
@@ -190,7 +190,7 @@ def test_scan_with_each_prologue_and_epilogue_part_alone(extra, device):
     seqlen = 2 * scan._blocks(dim, dstate, interpreted=device.type != "cuda")["CHUNK"] + 3
     inputs = scan_inputs(2, seqlen, dim, dstate, torch.float32, device, features=False)
     if extra == "D":
-        inputs["D"] = torch.randn(dim, device=device).requires_grad_()
+        inputs["D"] = torch.randn(2 * dim, device=device).requires_grad_()[::2]
     elif extra in ("z", "z-view"):
         z = torch.randn(2, seqlen, 2 * dim, device=device).requires_grad_()
         inputs["z"] = z[..., dim:] if extra == "z-view" else z[..., dim:].detach().contiguous().requires_grad_()
@@ -198,8 +198,9 @@ def test_scan_with_each_prologue_and_epilogue_part_alone(extra, device):
         # With the softplus: Mamba's initial range (dt from 1e-3 to 0.1, x = delta + bias down
         # to about -7, where log(1 + exp(x)) loses accuracy in fp32). Without: dt = delta + bias
         # must stay > 0.
-        bias = torch.rand(dim, device=device) * 5.0 - 7.0 if "softplus" in extra else torch.rand(dim, device=device)
-        inputs["delta_bias"] = bias.requires_grad_()
+        bias = torch.rand(2 * dim, device=device)
+        bias = bias * 5.0 - 7.0 if "softplus" in extra else bias
+        inputs["delta_bias"] = bias.requires_grad_()[1::2]
     if "softplus" in extra:
         inputs["delta_softplus"] = True
     assert_scan_within_rule(inputs, torch.randn(2, seqlen, dim, device=device))

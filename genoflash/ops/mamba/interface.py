@@ -39,6 +39,9 @@ class SelectiveScanFunction(torch.autograd.Function):
         u, delta = u.contiguous(), delta.contiguous()
         A32 = A.float().contiguous()
         B, C = B.contiguous(), C.contiguous()
+        # The kernels read D and delta_bias as dense (dim,) vectors.
+        D = None if D is None else D.contiguous()
+        delta_bias = None if delta_bias is None else delta_bias.contiguous()
         out, h0, decay = scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
                                       softplus=softplus)
         ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, h0, decay)
