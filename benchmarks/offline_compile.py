@@ -7,7 +7,7 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
     python benchmarks/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
 
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mamba (the
-selective scan) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
+selective scan; --channels-first: its state-loop kernels) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
 forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA.
@@ -147,6 +147,8 @@ def main(argv):
     parser.add_argument("--dq-rope-tma", action="store_true",
                         help="RoPE: the dQ pass takes K's halves and the tables by TMA (BackwardConfig.dq_rope_by_tma)")
     parser.add_argument("--sass", help="directory: write each kernel's SASS there and print its opcode counts")
+    parser.add_argument("--channels-first", action="store_true",
+                        help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     JITFunction.run = _compile_only
@@ -198,11 +200,16 @@ def main(argv):
         cos, sin = rotary_tables(n, rotary_dim, dtype=torch.float32)
         kw = dict(rotary_cos=cos, rotary_sin=sin, dropout_p=0.1)
     if case == "mamba":  # the selective scan's kernels at Mamba's usual sizes (d_inner 512, dstate 16)
-        from genoflash.ops.mamba import scan
+        from genoflash.ops.mamba import scan, scan_channels_first
         # As the Mamba layer calls them: 16-bit u, delta, z, B, C, with D, delta_bias and the softplus.
-        u, delta, z = (torch.randn(1, 1000, 512, dtype=torch.bfloat16) for _ in range(3))
+        # 1,024 steps: with channels-first inputs a length that is a multiple of 8 is what lets
+        # Triton vectorise the loads along time (and keep 8 steps in each thread).
+        u, delta, z = (torch.randn(1, 1024, 512, dtype=torch.bfloat16) for _ in range(3))
+        if args.channels_first:  # the state-loop kernels, on (batch, dim, seqlen) memory
+            scan = scan_channels_first
+            u, delta, z = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (u, delta, z))
         A = -torch.rand(512, 16)
-        B, C = (torch.randn(1, 1000, 16, dtype=torch.bfloat16) for _ in range(2))
+        B, C = (torch.randn(1, 1024, 16, dtype=torch.bfloat16) for _ in range(2))
         extras = dict(D=torch.ones(512), z=z, delta_bias=torch.rand(512), softplus=True)
         y, h0, decay = scan.scan_forward(u, delta, A, B, C, **extras)
         scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, **extras)

@@ -107,6 +107,18 @@ def test_bench_mixers_runs_at_cpu_size(tmp_path):
     assert next(tmp_path.glob("*mixers.png")).stat().st_size > 0
 
 
+def test_bench_mixers_channels_first_mamba_runs_at_cpu_size(tmp_path, monkeypatch):
+    """--mamba-channels-first: the Mamba block makes channels-first activations (the state-loop
+    scan's layout), its results go to their own file, and the metadata says which scan ran."""
+    from genoflash.ops.mamba import scan_channels_first
+    monkeypatch.setattr(scan_channels_first, "ENABLED", False)  # restored after main() sets it
+    assert main(["bench", "mixers", "--cpu", "--mixers", "mamba", "--d-models", "16", "--mamba-channels-first",
+                 "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*mixers-channels-first.json")).read_text())
+    assert report["metadata"]["mamba_scan"] == "channels-first state loop"
+    assert set(report["results"]["16"]["mamba"]) == {"64", "128"}
+
+
 def _fake_ssd_modules(monkeypatch, calls):
     """A stand-in for mamba_ssm's SSD entry point (the real one is measured on the GPU only)."""
     import sys

@@ -10,7 +10,7 @@ import triton.language as tl
 
 import genoflash
 from genoflash.layers import BiMamba, Mamba
-from genoflash.ops.mamba import selective_scan_fn, selective_scan_reference
+from genoflash.ops.mamba import scan, scan_channels_first, selective_scan_fn, selective_scan_reference
 from genoflash.ops.mamba.scan import _softplus
 
 from .attention_utils import EPS
@@ -109,7 +109,6 @@ def test_scan_over_many_chunks_without_extras(device):
 
 def test_scan_rule_can_fail(device, monkeypatch):
     """The check rejects a scan that drops the state carried between chunks."""
-    from genoflash.ops.mamba import scan
 
     class NoCarry:  # stands in for the chunk-to-chunk pass: every chunk starts from zero
         def __getitem__(self, grid):
@@ -134,7 +133,6 @@ def test_scan_keeps_its_inputs_and_chunk_states_only(device):
     core's output. Keeping the core's float32 output (as before the prologue and epilogue moved
     into the kernels) or the float32 intermediates of a composition of PyTorch ops (~24 bytes
     per (token, channel)) fails here."""
-    from genoflash.ops.mamba import scan
 
     torch.manual_seed(13)
     batch, seqlen, dim, dstate = 2, 150, 12, 4
@@ -183,7 +181,6 @@ def test_scan_with_each_prologue_and_epilogue_part_alone(extra, device):
     """The kernels branch on each of delta_bias, softplus, D and z (constexpr flags): each alone,
     over several chunks, within the rule. "z-view" passes z as a strided view, as the Mamba layer
     does (the second half of in_proj's output); D and delta_bias come as strided views too."""
-    from genoflash.ops.mamba import scan
 
     torch.manual_seed(16)
     dim, dstate = 6, 4
@@ -227,7 +224,6 @@ def test_flipped_reverse_scan_equals_the_reverse_scan(device, monkeypatch):
     """The backward's adjoint scan as a forward scan of the time-flipped tile (the compiled
     deterministic path's default; the CPU runs take reverse=True, where tl.flip is slow) gives
     the same gradients as Triton's reverse=True, and stays within the rule, over several chunks."""
-    from genoflash.ops.mamba import scan
 
     torch.manual_seed(15)
     seqlen = 3 * scan._blocks(6, 4, interpreted=device.type != "cuda")["CHUNK"] + 7
@@ -242,6 +238,39 @@ def test_flipped_reverse_scan_equals_the_reverse_scan(device, monkeypatch):
     for name, a, b in zip(names, runs[False], runs[True]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert_scan_within_rule(inputs, dy, fn=fn)  # with FLIP_REVERSE_SCAN still True
+
+
+def _time_contiguous(t):
+    """The same values as a (batch, seqlen, dim) view of (batch, dim, seqlen) memory."""
+    return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(t.requires_grad)
+
+
+@pytest.mark.parametrize("case", ["features", "no-extras", "atomic", "odd-length-16-bit", "bias-z-only"])
+def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
+    """The state-loop kernels (scan_channels_first.py), which take channels-first u and delta,
+    within the rule over several chunks and channel blocks, and taken: a spy counts their
+    calls. "odd-length" also checks a length where Triton cannot vectorise the loads."""
+    calls = []
+    for name in ("scan_forward", "scan_backward"):
+        real = getattr(scan_channels_first, name)
+        monkeypatch.setattr(scan_channels_first, name, lambda *a, _real=real, _n=name, **k: (calls.append(_n),
+                                                                                          _real(*a, **k))[1])
+    monkeypatch.setattr(scan_channels_first, "ENABLED", True)
+    torch.manual_seed(17)
+    dtype = (torch.bfloat16 if HAS_CUDA else torch.float16) if case.startswith("odd") else torch.float32
+    chunk = scan._blocks(20, 5, interpreted=device.type != "cuda")["CHUNK"]
+    seqlen = 3 * chunk + (5 if case.startswith("odd") else 0)
+    inputs = scan_inputs(2, seqlen, 20, 5, dtype, device, features=case != "no-extras")
+    for name in ("u", "delta", "z"):
+        if name in inputs:
+            inputs[name] = _time_contiguous(inputs[name])
+    if case == "bias-z-only":
+        inputs["D"] = None
+        inputs["delta_softplus"] = False
+        inputs["delta_bias"] = torch.rand(20, device=device).requires_grad_()
+    fn = atomic if case == "atomic" else selective_scan_fn
+    assert_scan_within_rule(inputs, torch.randn(2, seqlen, 20, device=device, dtype=dtype), fn=fn)
+    assert calls == ["scan_forward", "scan_backward"]
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
@@ -273,7 +302,12 @@ def test_mamba_block_is_causal_and_bimamba_is_not(device):
         assert (both(changed)[:, :25] - both(x)[:, :25]).abs().max() > 1e-6
 
 
-def test_mamba_block_triton_matches_torch_backend(device):
+@pytest.mark.parametrize("channels_first", [False, True], ids=["rows", "channels-first"])
+def test_mamba_block_triton_matches_torch_backend(channels_first, device, monkeypatch):
+    """The block through the triton scan against the torch backend's recurrence; with
+    channels_first the block makes (batch, dim, seqlen) activations and the scan takes its
+    state-loop kernels (scan_channels_first.ENABLED)."""
+    monkeypatch.setattr(scan_channels_first, "ENABLED", channels_first)
     torch.manual_seed(7)
     block = Mamba(12, d_state=5).to(device)
     x = torch.randn(2, 45, 12, device=device, requires_grad=True)

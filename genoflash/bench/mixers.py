@@ -105,7 +105,8 @@ def copy_bandwidth_gbps(device, gib: float = 2.0) -> float:
     return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
 
 
-def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.bfloat16) -> dict:
+def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.bfloat16,
+                   channels_first: bool = False) -> dict:
     """The Mamba scan's kernels alone (ops/mamba/scan.py), forward and backward, at batch 1, as
     the Mamba layer calls them: u, delta, z, B, C in `dtype`, A, D and delta_bias float32, with
     the softplus, the skip and the gate (all inside the kernels). GB/s count the bytes the scan
@@ -113,18 +114,26 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     B, C and writes du, ddelta, dz (in `dtype`) and dB, dC (float32). The kernels' real
     traffic is larger (they read their inputs two or three times, and pass chunk states through
     HBM). The backward is timed both ways: deterministic (the default) and with atomic dB/dC
-    (`deterministic=False`)."""
-    from ..ops.mamba.scan import scan_backward, scan_forward
+    (`deterministic=False`). channels_first: the state-loop kernels of scan_channels_first.py, on
+    (batch, dim, seqlen) u, delta, z and dout."""
+    from ..ops.mamba import scan, scan_channels_first
+    kernels = scan_channels_first if channels_first else scan
+    scan_forward, scan_backward = kernels.scan_forward, kernels.scan_backward
     gen = torch.Generator(device=device).manual_seed(0)
-    u, z = (torch.randn(1, seqlen, d_inner, device=device, generator=gen).to(dtype) for _ in range(2))
-    delta = (torch.randn(1, seqlen, d_inner, device=device, generator=gen) * 0.5).to(dtype)
+    shape = (1, d_inner, seqlen) if channels_first else (1, seqlen, d_inner)
+
+    def act(scale: float = 1.0) -> torch.Tensor:  # a (1, seqlen, d_inner) activation in the chosen layout
+        t = (torch.randn(shape, device=device, generator=gen) * scale).to(dtype)
+        return t.transpose(1, 2) if channels_first else t
+
+    u, z, delta = act(), act(), act(0.5)
     A = -torch.rand(d_inner, dstate, device=device, generator=gen) - 0.5
     B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(dtype) for _ in range(2))
     D = torch.ones(d_inner, device=device)
     bias = torch.rand(d_inner, device=device, generator=gen) - 4.0
     extras = dict(D=D, z=z, delta_bias=bias, softplus=True)
     out, h0, decay = scan_forward(u, delta, A, B, C, **extras)
-    dout = torch.randn_like(out)
+    dout = act()
     fwd_ms = _time(lambda: scan_forward(u, delta, A, B, C, **extras), device)
     bwd_ms = _time(lambda: scan_backward(dout, u, delta, A, B, C, h0, decay, **extras), device)
     bwd_atomic_ms = _time(lambda: scan_backward(dout, u, delta, A, B, C, h0, decay, deterministic=False, **extras),
@@ -132,7 +141,8 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     ld, ln, e = seqlen * d_inner, seqlen * dstate, u.element_size()
     fwd_bytes = e * (4 * ld + 2 * ln)
     bwd_bytes = e * (7 * ld + 2 * ln) + 2 * 4 * ln
-    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "dtype": str(dtype), "fwd_ms": fwd_ms,
+    return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "dtype": str(dtype),
+            "kernels": "channels-first state loop" if channels_first else "3-D tiles", "fwd_ms": fwd_ms,
             "bwd_ms": bwd_ms, "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9, "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
             "bwd_atomic_ms": bwd_atomic_ms, "bwd_atomic_gbps": bwd_bytes / (bwd_atomic_ms * 1e-3) / 1e9,
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
@@ -288,6 +298,9 @@ def main(argv: list[str]) -> int:
                              "at these N; default: the --scan-seqlens on a GPU, none with --cpu; '' to skip")
     parser.add_argument("--profile-seqlen", type=int, default=0,
                         help="GPU: also record each Hyena and Mamba layer's kernel times at this N (torch.profiler)")
+    parser.add_argument("--mamba-channels-first", action="store_true",
+                        help="the Mamba block and the scan timing take the channels-first state-loop kernels "
+                             "(ops/mamba/scan_channels_first.py, off by default until timed)")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
@@ -295,6 +308,8 @@ def main(argv: list[str]) -> int:
         print("genoflash bench mixers needs a CUDA GPU (or --cpu for a tiny run)", flush=True)
         return 2
     device = torch.device("cpu" if args.cpu else "cuda")
+    from ..ops.mamba import scan_channels_first
+    scan_channels_first.ENABLED = args.mamba_channels_first  # read by the Mamba block and the scan timing
     if args.ssd_seqlens is None:
         args.ssd_seqlens = "" if args.cpu else args.scan_seqlens
     dtype = torch.float32 if args.cpu else torch.bfloat16
@@ -306,8 +321,9 @@ def main(argv: list[str]) -> int:
     if args.cpu:
         seqlens = [n for n in (64, 128) if n <= args.max_seqlen] or [args.max_seqlen]
     metadata = run_metadata(dtype=str(dtype), method="one layer fwd+bwd at batch 1; median of do_bench (GPU) or of "
-                                                     "3 perf_counter runs (CPU); peak = max_memory_allocated")
-    stem = results_stem(args.out, metadata, "mixers")
+                                                     "3 perf_counter runs (CPU); peak = max_memory_allocated",
+                            mamba_scan="channels-first state loop" if args.mamba_channels_first else "3-D tiles")
+    stem = results_stem(args.out, metadata, "mixers-channels-first" if args.mamba_channels_first else "mixers")
     report = {"metadata": metadata, "results": {}}
 
     def save():
@@ -321,7 +337,7 @@ def main(argv: list[str]) -> int:
         report["scan"] = {"copy_gbps": copy, "points": []}
         for d_inner in (512, 2048):
             for n in (int(x) for x in args.scan_seqlens.split(",")):
-                point = scan_bandwidth(n, d_inner, 16, device)
+                point = scan_bandwidth(n, d_inner, 16, device, channels_first=scan_channels_first.ENABLED)
                 point.update(fwd_of_copy=point["fwd_gbps"] / copy, bwd_of_copy=point["bwd_gbps"] / copy)
                 report["scan"]["points"].append(point)
                 print(f"scan d_inner={d_inner} N={n:>9,}  fwd {point['fwd_ms']:.3f} ms {point['fwd_gbps']:.0f} GB/s "

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.mamba import selective_scan_fn
+from ..ops.mamba import scan_channels_first, selective_scan_fn
 
 
 class Mamba(nn.Module):
@@ -64,11 +64,27 @@ class Mamba(nn.Module):
         if u.dim() != 3 or u.shape[-1] != self.d_model:
             raise ValueError(f"expected input (batch, seqlen, {self.d_model}), got shape {tuple(u.shape)}")
         seqlen = u.shape[1]
-        x, z = self.in_proj(u).chunk(2, dim=-1)
         # Padding d_conv - 1 on both sides and keeping the first seqlen outputs: causal.
-        x = F.silu(self.conv1d(x.transpose(1, 2))[..., :seqlen].transpose(1, 2))
+        channels_first = scan_channels_first.ENABLED
+        if channels_first:
+            # (batch, dim, seqlen) activations for the scan's state-loop kernels, which need time
+            # contiguous (ops/mamba/scan_channels_first.py): in_proj and dt_proj computed
+            # transposed, as mamba-ssm does; x, z and dt reach the scan as (batch, seqlen, dim)
+            # views of that memory.
+            xz = torch.matmul(self.in_proj.weight, u.transpose(1, 2))
+            if self.in_proj.bias is not None:
+                xz = xz + self.in_proj.bias[:, None]
+            x, z = xz[:, :self.d_inner], xz[:, self.d_inner:].transpose(1, 2)
+            x = F.silu(self.conv1d(x)[..., :seqlen]).transpose(1, 2)
+        else:
+            x, z = self.in_proj(u).chunk(2, dim=-1)
+            x = F.silu(self.conv1d(x.transpose(1, 2))[..., :seqlen].transpose(1, 2))
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt = F.linear(dt, self.dt_proj.weight)  # the bias goes in as delta_bias, inside the softplus
+        # The bias goes in as delta_bias, inside the softplus.
+        if channels_first:
+            dt = torch.matmul(self.dt_proj.weight, dt.transpose(1, 2)).transpose(1, 2)
+        else:
+            dt = F.linear(dt, self.dt_proj.weight)
         A = -torch.exp(self.A_log.float())
         y = selective_scan_fn(x, dt, A, B, C, D=self.D.float(), z=z, delta_bias=self.dt_proj.bias.float(),
                               delta_softplus=True)

@@ -32,27 +32,35 @@ class SelectiveScanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, deterministic):
-        from .scan import scan_forward
+        from . import scan, scan_channels_first
         interpreted = triton_interpreted()
-        # Any float dtype is read and upcast in registers. z is read with its own strides (the
-        # Mamba layer's is a view into in_proj's output, which stays alive anyway: no copy).
-        u, delta = u.contiguous(), delta.contiguous()
+        # Channels-first u and delta ((batch, seqlen, dim) views of (batch, dim, seqlen) memory)
+        # go to the state-loop kernels when they are enabled; everything else to scan.py's, which
+        # read (token, channel) rows. Any float dtype is read and upcast in registers. z is read
+        # with its own strides (the Mamba layer's is a view into in_proj's output, which stays
+        # alive anyway: no copy).
+        kernels = scan
+        if scan_channels_first.ENABLED and scan_channels_first.time_contiguous(u) \
+                and scan_channels_first.time_contiguous(delta):
+            kernels = scan_channels_first
+        else:
+            u, delta = u.contiguous(), delta.contiguous()
         A32 = A.float().contiguous()
         B, C = B.contiguous(), C.contiguous()
         # The kernels read D and delta_bias as dense (dim,) vectors.
         D = None if D is None else D.contiguous()
         delta_bias = None if delta_bias is None else delta_bias.contiguous()
-        out, h0, decay = scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
-                                      softplus=softplus)
+        out, h0, decay = kernels.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
+                                              softplus=softplus)
         ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, h0, decay)
         ctx.softplus, ctx.interpreted, ctx.deterministic, ctx.a_dtype = softplus, interpreted, deterministic, A.dtype
+        ctx.kernels = kernels
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        from .scan import scan_backward
         u, delta, A32, B, C, D, z, delta_bias, h0, decay = ctx.saved_tensors
-        du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = scan_backward(
+        du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = ctx.kernels.scan_backward(
             dout, u, delta, A32, B, C, h0, decay, ctx.interpreted, ctx.deterministic, D=D, z=z,
             delta_bias=delta_bias, softplus=ctx.softplus)
         return (du, ddelta, dA.to(ctx.a_dtype), dB.to(B.dtype), dC.to(C.dtype),

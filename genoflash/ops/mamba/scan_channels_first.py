@@ -1,0 +1,351 @@
+"""The selective scan's kernels for channels-first activations, with a loop over states.
+
+Same math, same chunks and same chunk states as scan.py (whose module docstring states the
+recurrence, the three passes and every gradient term); only the tiling differs. scan.py holds a
+(CHUNK, BLOCK_D, BLOCK_N) tile per program with time inside each thread and the states across
+lanes, so every (time, channel) value (the softplus, the gate) is computed by all the lanes that
+share it, and every sum over states is a lane shuffle. Here a program holds (CHUNK, BLOCK_D)
+tiles and loops over the states, as mamba-ssm's CUDA scan does: each (time, channel) value is
+computed once, and sums over states are register accumulations.
+
+This tiling pays only when time is the contiguous axis in memory, (batch, dim, seqlen), which
+mamba-ssm also takes. Triton lays a tile out after its loads: with time contiguous it loads 8
+16-bit steps per thread and keeps them inside the thread (threads [4, 8] x warps [1, W] over
+(time, channel)), so each scan is 8 steps in registers and a 2-step shuffle tail over 4 lanes.
+With channels contiguous it splits time across warps or lanes instead and each scan step crosses
+threads (benchmarks/NOTES.md, ninth session). The tensors are passed as (batch, seqlen, dim)
+views of channels-first memory; every kernel takes their strides.
+
+BLOCK_D = 8 x num_warps channels, so each thread owns 8 steps of one channel per tile: about 10
+live tiles in the gradient pass stay within ~90 registers. dB and dC (sums over channels) are
+the only reductions across warps.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _linear_recurrence, _sigmoid, _step_size,
+                   _strides3, _tile_2d)
+
+# Off until timed on the H200: the interface takes these kernels for channels-first inputs only
+# when this is True, and the Mamba block makes channels-first activations only then.
+ENABLED = False
+
+
+@triton.jit
+def _time_row(x, offs_t, t: tl.constexpr):
+    """Step t of a (CHUNK, BLOCK_D) tile, (BLOCK_D,): a masked sum (tiles are not indexable)."""
+    return tl.sum(tl.where(offs_t[:, None] == t, x, 0.0), 0)
+
+
+@triton.jit
+def _state_column(X, off_b, t0, n, stride_xb, stride_xl, stride_xn, offs_t, n_t):
+    """B[t0:t0+CHUNK, n] (or C's), (CHUNK,) float32: the same for every channel."""
+    return tl.load(X + off_b.to(tl.int64) * stride_xb + (t0 + offs_t).to(tl.int64) * stride_xl + n * stride_xn,
+                   mask=offs_t < n_t, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _tile_at(X, off_b, t0, d0, stride_xb, stride_xl, stride_xd, offs_t, offs_d, n_t, n_d):
+    return _tile_2d(X + off_b.to(tl.int64) * stride_xb + t0.to(tl.int64) * stride_xl + d0 * stride_xd,
+                    stride_xl, stride_xd, offs_t, offs_d, n_t, n_d)
+
+
+@triton.jit
+def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
+                     stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                     stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
+                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """Pass 1: each chunk's final state from a zero start (S_c) and its decay (P_c), state by state."""
+    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
+    t0 = chunk * CHUNK
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_t = seqlen - t0
+    d_mask = offs_d < dim - d0
+    u = _tile_at(U, off_b, t0, d0, stride_ub, stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
+    dt, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
+                       HAS_BIAS, SOFTPLUS)
+    dtu = dt * u
+    s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
+    for n in range(0, dstate):
+        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
+        b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), dtu * b_col[:, None]), 0,
+                                           _linear_recurrence)
+        tl.store(S_LOC + s_off + n, _time_row(h_loc, offs_t, CHUNK - 1), mask=d_mask)
+        tl.store(P + s_off + n, _time_row(a_cum, offs_t, CHUNK - 1), mask=d_mask)
+
+
+@triton.jit
+def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dstate,
+                   stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                   stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn, stride_zb, stride_zl, stride_zd,
+                   stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                   HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """Pass 3: y = sum_n C[:, n] h_n accumulated state by state from the chunk's true initial
+    states, then out = (y + u D) silu(z), rounded once to OUT's dtype."""
+    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
+    t0 = chunk * CHUNK
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_t = seqlen - t0
+    d_mask = offs_d < dim - d0
+    u = _tile_at(U, off_b, t0, d0, stride_ub, stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
+    dt, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
+                       HAS_BIAS, SOFTPLUS)
+    dtu = dt * u
+    s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
+    y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
+    for n in range(0, dstate):
+        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
+        b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), dtu * b_col[:, None]), 0,
+                                           _linear_recurrence)
+        h_init = tl.load(H + s_off + n, mask=d_mask, other=0.0)
+        y += c_col[:, None] * (h_loc + a_cum * h_init[None, :])
+    if HAS_D:
+        y += u * _channel_vector(D, d0, dim, offs_d, HAS_D, BLOCK_D)[None, :]
+    if HAS_Z:
+        z = _tile_at(Z, off_b, t0, d0, stride_zb, stride_zl, stride_zd, offs_t, offs_d, n_t, dim - d0)
+        y *= z * _sigmoid(z)
+    o_ptrs = (OUT + off_b.to(tl.int64) * stride_ob + (t0 + offs_t)[:, None].to(tl.int64) * stride_ol
+              + (d0 + offs_d)[None, :] * stride_od)
+    tl.store(o_ptrs, y.to(OUT.dtype.element_ty), mask=(offs_t[:, None] < n_t) & d_mask[None, :])
+
+
+@triton.jit
+def _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim,
+                       stride_db, stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb, stride_zl,
+                       stride_zd, offs_t, offs_d,
+                       CHUNK: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr):
+    """What the adjoint scans need besides the states: dt at the next step (1 past the chunk's
+    last step and past the sequence end: dt = 0 there, so a = 1), the core's dy = dout silu(z),
+    and dout and z as loaded (z is dout where there is no gate)."""
+    n_t = seqlen - t0
+    dt_next, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0 + 1, d0, dim, stride_db, stride_dl, stride_dd, offs_t,
+                            offs_d, tl.minimum(n_t - 1, CHUNK - 1), HAS_BIAS, SOFTPLUS)
+    dout = _tile_at(DOUT, off_b, t0, d0, stride_ob, stride_ol, stride_od, offs_t, offs_d, n_t, dim - d0)
+    z = dout
+    dy = dout
+    if HAS_Z:
+        z = _tile_at(Z, off_b, t0, d0, stride_zb, stride_zl, stride_zd, offs_t, offs_d, n_t, dim - d0)
+        dy = dout * (z * _sigmoid(z))
+    return dt_next, dy, dout, z
+
+
+@triton.jit
+def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, dstate,
+                         stride_db, stride_dl, stride_dd, stride_ad, stride_an, stride_cb, stride_cl, stride_cn,
+                         stride_ob, stride_ol, stride_od, stride_zb, stride_zl, stride_zd, stride_sb, stride_sc,
+                         stride_sd, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr):
+    """Backward pass 1: a[first] g_loc[first] per state, what each chunk hands to the one before
+    it from its own dy."""
+    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
+    t0 = chunk * CHUNK
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_t = seqlen - t0
+    d_mask = offs_d < dim - d0
+    dt, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
+                       HAS_BIAS, SOFTPLUS)
+    dt_first = _time_row(dt, offs_t, 0)
+    dt_next, dy, _, _ = _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim, stride_db,
+                                           stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb,
+                                           stride_zl, stride_zd, offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS, HAS_Z)
+    s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
+    for n in range(0, dstate):
+        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
+        c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        _, g_loc = tl.associative_scan((tl.exp(dt_next * a_col[None, :]), dy * c_col[:, None]), 0,
+                                       _linear_recurrence, reverse=True)
+        tl.store(Y_LOC + s_off + n, tl.exp(dt_first * a_col) * _time_row(g_loc, offs_t, 0), mask=d_mask)
+
+
+@triton.jit
+def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA, DZ,
+                     DA_PART, DB_PART, DC_PART, DD_PART, DBIAS_PART, seqlen, dim, dstate,
+                     stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                     stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
+                     stride_zb, stride_zl, stride_zd, stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
+                     stride_pk, stride_pb, stride_pl, stride_vb, stride_vc,
+                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, ATOMIC: tl.constexpr):
+    """Backward pass 3, state by state: for each n, h_n (forward rescan from H_c) and g_n
+    (reverse rescan with X_c), their terms of du, ddelta and dz accumulated in registers, and
+    dA[:, n], dB[:, n], dC[:, n] written at once. DU, DDELTA and DZ have DOUT's strides (the
+    launcher allocates them so); partial sums as scan.py's gradient pass writes them."""
+    off_b, pid_d, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    d0 = pid_d * BLOCK_D
+    t0 = chunk * CHUNK
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_t = seqlen - t0
+    d_mask = offs_d < dim - d0
+    row_mask = offs_t < n_t
+    u = _tile_at(U, off_b, t0, d0, stride_ub, stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
+    dt, x = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
+                       HAS_BIAS, SOFTPLUS)
+    dtu = dt * u
+    dt_next, dy, dout, z = _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim, stride_db,
+                                              stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb,
+                                              stride_zl, stride_zd, offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS, HAS_Z)
+    s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
+    if ATOMIC:
+        part = off_b.to(tl.int64) * stride_pb + (t0 + offs_t).to(tl.int64) * stride_pl
+    else:
+        part = (pid_d.to(tl.int64) * stride_pk + off_b.to(tl.int64) * stride_pb
+                + (t0 + offs_t).to(tl.int64) * stride_pl)
+    gb_sum = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)  # sum_n g B
+    ddt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)     # dL/d dt: sum_n A g (h - b), + u gb_sum below
+    y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)       # the core's output, for dz
+    for n in range(0, dstate):
+        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
+        b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        b = dtu * b_col[:, None]
+        a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), b), 0, _linear_recurrence)
+        h = h_loc + a_cum * tl.load(H + s_off + n, mask=d_mask, other=0.0)[None, :]
+        alpha_cum, g_loc = tl.associative_scan((tl.exp(dt_next * a_col[None, :]), dy * c_col[:, None]), 0,
+                                               _linear_recurrence, reverse=True)
+        g = g_loc + alpha_cum * tl.load(X + s_off + n, mask=d_mask, other=0.0)[None, :]
+        g_hb = g * (h - b)                                                 # g a h[t-1]
+        gb_sum += g * b_col[:, None]
+        ddt += g_hb * a_col[None, :]
+        if HAS_Z:
+            y += h * c_col[:, None]
+        tl.store(DA_PART + s_off + n, tl.sum(g_hb * dt, 0), mask=d_mask)
+        # Rows past the sequence end hold g = 0 and dy = 0, so they add nothing.
+        db = tl.sum(g * dtu, 1)
+        dc = tl.sum(dy * h, 1)
+        if ATOMIC:
+            tl.atomic_add(DB_PART + part + n, db, mask=row_mask, sem="relaxed")
+            tl.atomic_add(DC_PART + part + n, dc, mask=row_mask, sem="relaxed")
+        else:
+            tl.store(DB_PART + part + n, db, mask=row_mask)
+            tl.store(DC_PART + part + n, dc, mask=row_mask)
+
+    d_skip = _channel_vector(D, d0, dim, offs_d, HAS_D, BLOCK_D)
+    du = dt * gb_sum
+    if HAS_D:
+        du += dy * d_skip[None, :]
+    ddt += u * gb_sum
+    ddelta = ddt
+    if SOFTPLUS:
+        ddelta = ddt * _sigmoid(x)                                         # d softplus(x) / dx
+    td_mask = row_mask[:, None] & d_mask[None, :]
+    o_off = (off_b.to(tl.int64) * stride_ob + (t0 + offs_t)[:, None].to(tl.int64) * stride_ol
+             + (d0 + offs_d)[None, :] * stride_od)
+    tl.store(DU + o_off, du.to(DU.dtype.element_ty), mask=td_mask)
+    tl.store(DDELTA + o_off, ddelta.to(DDELTA.dtype.element_ty), mask=td_mask)
+    if HAS_Z:
+        sig = _sigmoid(z)
+        y += u * d_skip[None, :]
+        tl.store(DZ + o_off, (dout * y * (sig * (1.0 + z * (1.0 - sig)))).to(DZ.dtype.element_ty), mask=td_mask)
+    v_off = off_b.to(tl.int64) * stride_vb + chunk.to(tl.int64) * stride_vc + d0 + offs_d
+    if HAS_D:
+        tl.store(DD_PART + v_off, tl.sum(dy * u, 0), mask=d_mask)
+    if HAS_BIAS:
+        tl.store(DBIAS_PART + v_off, tl.sum(tl.where(td_mask, ddelta, 0.0), 0), mask=d_mask)
+
+
+# ---------------------------------------------------------------- launchers
+
+def time_contiguous(t: torch.Tensor) -> bool:
+    """Whether a (batch, seqlen, dim) tensor's steps are adjacent in memory, as in a view of
+    (batch, dim, seqlen) memory: what these kernels need to keep runs of steps in each thread."""
+    return t.stride(1) == 1
+
+
+def _as_channels_first(t: torch.Tensor) -> torch.Tensor:
+    """t if it is a view of dense (batch, dim, seqlen) memory, else such a copy of it."""
+    dense = t.stride(1) == 1 and t.stride(2) == t.shape[1] and t.stride(0) == t.shape[1] * t.shape[2]
+    return t if dense else t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _empty_channels_first(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    b, n, d = like.shape
+    return torch.empty(b, d, n, device=like.device, dtype=dtype).transpose(1, 2)
+
+
+def _cfg(dim: int, dstate: int, interpreted: bool) -> dict:
+    # The chunk length must be scan.py's: the chunk states are shared (the backward may be either).
+    chunk = _blocks(dim, dstate, interpreted)["CHUNK"]
+    warps = 1 if interpreted else 8
+    return dict(CHUNK=chunk, BLOCK_D=8 * warps, num_warps=warps)
+
+
+def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None, delta_bias=None,
+                 softplus: bool = False, out_dtype: torch.dtype | None = None):
+    """scan.scan_forward for channels-first u, delta and z (any layout works; channels-first is
+    the fast one): out as a (batch, seqlen, dim) view of channels-first memory, H and P."""
+    batch, seqlen, dim = u.shape
+    dstate = A.shape[1]
+    cfg = _cfg(dim, dstate, interpreted)
+    n_chunks = triton.cdiv(seqlen, cfg["CHUNK"])
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    s_loc, decay, h0 = (torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
+                        for _ in range(3))
+    flags = _flags(D, z, delta_bias, softplus)
+    bias = u if delta_bias is None else delta_bias  # placeholder pointers where not given
+    common = (seqlen, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B))
+    s_strides = _strides3(s_loc)
+    _cf_local_kernel[grid](u, delta, bias, A, B, s_loc, decay, *common, *s_strides, HAS_BIAS=flags["HAS_BIAS"],
+                           SOFTPLUS=flags["SOFTPLUS"], **cfg)
+    _carry_walk(s_loc, decay, h0, False, _blocks(dim, dstate, interpreted))
+    del s_loc
+    out = _empty_channels_first(u, out_dtype or u.dtype)
+    gate = u if z is None else z
+    _cf_out_kernel[grid](u, delta, bias, A, B, C, u if D is None else D, gate, h0, out, *common, *_strides3(C),
+                         *_strides3(gate), *_strides3(out), *s_strides, **flags, **cfg)
+    return out, h0, decay
+
+
+def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False, deterministic: bool = True, *,
+                  D=None, z=None, delta_bias=None, softplus: bool = False):
+    """scan.scan_backward for channels-first inputs; du, ddelta and dz come back as (batch,
+    seqlen, dim) views of channels-first memory. dout is copied to channels-first if it is not."""
+    batch, seqlen, dim = u.shape
+    dstate = A.shape[1]
+    cfg = _cfg(dim, dstate, interpreted)
+    n_chunks = h0.shape[1]
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    dout = _as_channels_first(dout)
+    flags = _flags(D, z, delta_bias, softplus)
+    bias, d_skip, gate = (u if t is None else t for t in (delta_bias, D, z))  # placeholders where not given
+    s_strides = _strides3(h0)
+    y_loc, carried = torch.empty_like(h0), torch.empty_like(h0)
+    _cf_bwd_local_kernel[grid](delta, bias, A, C, dout, gate, y_loc, seqlen, dim, dstate, *_strides3(delta),
+                               A.stride(0), A.stride(1), *_strides3(C), *_strides3(dout), *_strides3(gate),
+                               *s_strides, HAS_BIAS=flags["HAS_BIAS"], SOFTPLUS=flags["SOFTPLUS"],
+                               HAS_Z=flags["HAS_Z"], **cfg)
+    _carry_walk(y_loc, decay, carried, True, _blocks(dim, dstate, interpreted))
+    del y_loc
+    du = _empty_channels_first(u, u.dtype)
+    ddelta = _empty_channels_first(u, delta.dtype)
+    dz = _empty_channels_first(u, z.dtype) if z is not None else du  # du: a placeholder
+    for t in (du, ddelta, dz):
+        assert t.stride() == dout.stride()  # the kernel writes them with dout's strides
+    da_part = torch.empty_like(h0)
+    parts = 1 if not deterministic else grid[1]
+    alloc = torch.zeros if not deterministic else torch.empty
+    db_part = alloc(parts, batch, seqlen, dstate, device=u.device, dtype=torch.float32)
+    dc_part = alloc(db_part.shape, device=u.device, dtype=torch.float32)
+    vec_part = [torch.empty(batch, n_chunks, dim, device=u.device, dtype=torch.float32) if given else None
+                for given in (flags["HAS_D"], flags["HAS_BIAS"])]
+    dd_part, dbias_part = (da_part if t is None else t for t in vec_part)  # placeholders where not given
+    _cf_grads_kernel[grid](u, delta, bias, A, B, C, d_skip, gate, dout, h0, carried, du, ddelta, dz, da_part, db_part,
+                           dc_part, dd_part, dbias_part, seqlen, dim, dstate, *_strides3(u), *_strides3(delta),
+                           A.stride(0), A.stride(1), *_strides3(B), *_strides3(C), *_strides3(gate),
+                           *_strides3(dout), *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2),
+                           n_chunks * dim, dim, **flags, ATOMIC=not deterministic, **cfg)
+    del carried
+    dD, dbias = (None if t is None else t.sum((0, 1)) for t in vec_part)
+    return (du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0), dD, dz if z is not None else None,
+            dbias)
