@@ -10,7 +10,8 @@ CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mam
 selective scan; --channels-first: its state-loop kernels) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
-forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA.
+forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
+forward over chunks of N keys.
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ def main(argv):
     parser.add_argument("--dq-rope-tma", action="store_true",
                         help="RoPE: the dQ pass takes K's halves and the tables by TMA (BackwardConfig.dq_rope_by_tma)")
     parser.add_argument("--sass", help="directory: write each kernel's SASS there and print its opcode counts")
+    parser.add_argument("--key-chunk", type=int,
+                        help="the forward over chunks of this many keys (configs.forward_key_chunk): its launches")
     parser.add_argument("--channels-first", action="store_true",
                         help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
@@ -235,7 +238,8 @@ def main(argv):
                                      dkdv_q_by_tma=gpu_default.dkdv_q_by_tma,
                                      fused_dkdv=_tiles(args.fused_dkdv) if args.fused_dkdv else None)
     with genoflash.use_backend("triton"), configs.override_configs(
-            fwd, bwd, one_pass=True if args.fused else None, dq_rope_by_tma=True if args.dq_rope_tma else None):
+            fwd, bwd, one_pass=True if args.fused else None, dq_rope_by_tma=True if args.dq_rope_tma else None,
+            key_chunk=args.key_chunk):
         out = genoflash.flash_attn_func(q, k, v, **kw)
         out.backward(torch.randn_like(out))
     if case == "probe":  # beside them, fwd_variants_probe.py's minimal TMA forward at the same tile

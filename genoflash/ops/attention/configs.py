@@ -122,6 +122,23 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3))
 
 
+# Keys per forward launch for long fixed-length sequences (None: all keys in one launch). One
+# head's K and V take 128 MB at 256k keys (bf16, hd128), more than the H200's 50 MB of L2, and
+# there ncu read a 63% L2 hit rate (96-98% at 16k); the forward computed over 65,536-key chunks
+# and merged in PyTorch ran at 546 TF/s against 520 for one launch (benchmarks/l2_probe.py,
+# results/h200-2026-11-30-l2-probe-4a904cb.json). attention_forward now splits the keys inside
+# genoflash, carrying the softmax state between launches. Off until that is timed on the H200.
+FORWARD_KEY_CHUNK: int | None = None
+
+
+def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device) -> int | None:
+    """Keys per forward launch, a multiple of block_n, or None for one launch."""
+    chunk = _override.get("key_chunk", FORWARD_KEY_CHUNK if device.type == "cuda" else None)
+    if chunk is None:
+        return None
+    return max(block_n, (int(chunk) // block_n) * block_n)
+
+
 def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
                    device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False) -> TileConfig:
     if "forward" in _override:
@@ -147,10 +164,10 @@ def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.d
 
 @contextlib.contextmanager
 def override_configs(forward: TileConfig | None = None, backward: BackwardConfig | None = None,
-                     one_pass: bool | None = None, dq_rope_by_tma: bool | None = None):
+                     one_pass: bool | None = None, dq_rope_by_tma: bool | None = None, key_chunk: int | None = None):
     """Force tile configs (tests use this to cover uneven tilings such as BLOCK_M != BLOCK_N),
-    or only whether deterministic=False takes the one-pass backward, or whether the RoPE dQ pass
-    takes K by TMA (tests and probes of them)."""
+    or only whether deterministic=False takes the one-pass backward, whether the RoPE dQ pass
+    takes K by TMA, or the forward's keys per launch (tests and probes of them)."""
     saved = dict(_override)
     if forward is not None:
         _override["forward"] = forward
@@ -160,6 +177,8 @@ def override_configs(forward: TileConfig | None = None, backward: BackwardConfig
         _override["one_pass"] = one_pass
     if dq_rope_by_tma is not None:
         _override["dq_rope_by_tma"] = dq_rope_by_tma
+    if key_chunk is not None:
+        _override["key_chunk"] = key_chunk
     try:
         yield
     finally:

@@ -16,7 +16,7 @@ import triton.language as tl
 from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from .configs import forward_config
+from .configs import forward_config, forward_key_chunk
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
@@ -98,14 +98,14 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, k
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
+    Q, K, V, O, LSE, ACC_STATE, ML_STATE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
     q_desc, k_desc, v_desc, o_desc, kp_desc, cos_desc, sin_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
-    nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks,
+    nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, key_lo, key_hi,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -113,6 +113,7 @@ def _attn_fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
+    CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr,
 ):
     # HEAVY_LAST (causal): query tiles late in the sequence see the most keys; launch them first.
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
@@ -144,12 +145,30 @@ def _attn_fwd_kernel(
         slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
     bh = off_b * nheads + off_h  # the dropout stream of this (sequence, head)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    # Split keys (attention_forward, configs.forward_key_chunk): this launch covers keys
+    # [key_lo, key_hi) and the online softmax's state (acc, m_i, l_i) passes between launches
+    # through float32 buffers, so the result is the one-launch result, bit for bit. A launch
+    # that is not the last stores its state instead of the output.
+    st_rows = off_b.to(tl.int64) * nheads + off_h  # (batch, head) of the state buffers
+    acc_state = ACC_STATE + (st_rows * seqlen_q + start_m) * HEAD_DIM_V
+    ml_state = ML_STATE + st_rows * 2 * seqlen_q + start_m
+    if CARRY_IN:
+        acc = _load_tile(acc_state, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+        m_i = tl.load(ml_state + offs_m, mask=offs_m < seqlen_q - start_m, other=float("-inf"))
+        l_i = tl.load(ml_state + seqlen_q + offs_m, mask=offs_m < seqlen_q - start_m, other=0.0)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    # Clamped to this launch's keys; order is kept (key_lo is a multiple of BLOCK_N, and key_hi
+    # too unless it is seqlen_k), and [0, seqlen_k) changes nothing.
+    lo = tl.minimum(tl.maximum(lo, key_lo), key_hi)
+    mid_lo = tl.minimum(tl.maximum(mid_lo, key_lo), key_hi)
+    mid_hi = tl.minimum(tl.maximum(mid_hi, key_lo), key_hi)
+    hi = tl.minimum(tl.maximum(hi, key_lo), key_hi)
     # Left edge of a sliding window: masked.
     acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc,
                                     sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, lo, mid_lo,
@@ -176,6 +195,11 @@ def _attn_fwd_kernel(
                                     BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
 
+    if CARRY_OUT:
+        _store_tile(acc_state, acc, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dv, HEAD_DIM_V, BLOCK_DV)
+        tl.store(ml_state + offs_m, m_i, mask=offs_m < seqlen_q - start_m)
+        tl.store(ml_state + seqlen_q + offs_m, l_i, mask=offs_m < seqlen_q - start_m)
+        return
     if HAS_DROPOUT:  # the kept probabilities' rescale, left out of the loop (_attn_fwd_tiles)
         acc = acc * dropout_rescale
     out, lse = _finalize_softmax(acc, m_i, l_i)
@@ -279,12 +303,25 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
         descs = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]), k_desc,
                  tile_descriptor(v, cfg.block_n, head_block(head_dim_v)),
                  tile_descriptor(out, cfg.block_m, head_block(head_dim_v)), *rope_descs]
-    launch(_attn_fwd_kernel, (num_m_blocks * batch * nheads,), cfg,
-        q, k, v, out, lse, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin, *descs,
-        *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
-        *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
-        nheads, nheads // nheads_k, seqlen_q, seqlen_k, num_m_blocks, *scalars,
-        HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, TMA=tma, **constexprs,
-    )
+    # Key ranges, one launch each: the whole at once, or (for long fixed-length keys, where a
+    # head's K and V outgrow L2 and the programs of a head drift apart along them) chunks
+    # whose K and V fit, with the softmax state carried in float32 between launches.
+    chunk = forward_key_chunk(seqlen_k, cfg.block_n, q.device)
+    if chunk is None or a.varlen or seqlen_k <= chunk:
+        ranges = [(0, seqlen_k)]
+        acc_state = ml_state = lse  # placeholders: nothing reads them
+    else:
+        ranges = [(lo, min(lo + chunk, seqlen_k)) for lo in range(0, seqlen_k, chunk)]
+        acc_state = torch.empty(batch, nheads, seqlen_q, head_dim_v, device=q.device, dtype=torch.float32)
+        ml_state = torch.empty(batch, nheads, 2, seqlen_q, device=q.device, dtype=torch.float32)
+    for i, (key_lo, key_hi) in enumerate(ranges):
+        launch(_attn_fwd_kernel, (num_m_blocks * batch * nheads,), cfg,
+            q, k, v, out, lse, acc_state, ml_state, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
+            a.rotary_sin, *descs, *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
+            *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
+            nheads, nheads // nheads_k, seqlen_q, seqlen_k, num_m_blocks, key_lo, key_hi, *scalars,
+            HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, TMA=tma, **constexprs,
+            CARRY_IN=i > 0, CARRY_OUT=i < len(ranges) - 1,
+        )
     return out, lse
