@@ -5,6 +5,10 @@ sequence-parallel split). Its Q tile stays on chip while it streams K/V tiles th
 an online softmax; the N x N score matrix never exists outside registers. Masks
 (causal, sliding window, sequence ends), ALiBi and softcap are applied to each score
 tile in registers, and tiles a mask hides entirely are never loaded.
+
+Long fixed-length keys may be split into chunks, one launch each (configs.forward_key_chunk,
+off by default): then each launch but the last also writes its softmax state, which the next
+one reads, in float32 (O(N) like the output).
 """
 
 from __future__ import annotations
