@@ -384,7 +384,7 @@ def _scan_chunk_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU
         du += dy * d_skip[None, :]
     ddelta = tl.sum(g_hb * amat[None, :, :], 2) + u * gb_sum      # dL/d dt
     if SOFTPLUS:
-        ddelta *= _sigmoid(x)                                   # d softplus(x) / dx
+        ddelta *= _sigmoid(x)                                     # d softplus(x) / dx
     row_mask = offs_t < seqlen - t0
     td_mask = row_mask[:, None] & ((d0 + offs_d)[None, :] < dim)
     base = off_b.to(tl.int64) * stride_ub + t0.to(tl.int64) * stride_ul + d0 * stride_ud
@@ -490,7 +490,6 @@ def _carry_walk(s_loc: torch.Tensor, decay: torch.Tensor, out: torch.Tensor, rev
 
 def _flags(D, z, delta_bias, softplus: bool) -> dict:
     return dict(HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), HAS_D=D is not None, HAS_Z=z is not None)
-
 
 
 def _same_layout(u: torch.Tensor, **others: torch.Tensor | None) -> None:
