@@ -34,6 +34,7 @@ CASES = {
 @pytest.mark.parametrize("seqlen_q,seqlen_k,nheads,nheads_k,d,dv", [
     (129, 300, 4, 2, 40, 24),   # GQA, Dv != D, odd lengths, seqlen_q < seqlen_k
     (300, 260, 2, 1, 32, 32),   # seqlen_q > seqlen_k: early queries see no key under causal
+    (1, 129, 2, 2, 24, 24),     # one query
 ])
 def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k, d, dv, device, monkeypatch):
     opts = dict(CASES[case])

@@ -245,7 +245,7 @@ def _time_contiguous(t):
     return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(t.requires_grad)
 
 
-@pytest.mark.parametrize("case", ["features", "no-extras", "atomic", "odd-length-16-bit", "bias-z-only"])
+@pytest.mark.parametrize("case", ["features", "no-extras", "atomic", "odd-length-16-bit", "bias-z-only", "one-step"])
 def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
     """The state-loop kernels (scan_channels_first.py), which take channels-first u and delta,
     within the rule over several chunks and channel blocks, and taken: a spy counts their
@@ -259,7 +259,7 @@ def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
     torch.manual_seed(17)
     dtype = (torch.bfloat16 if HAS_CUDA else torch.float16) if case.startswith("odd") else torch.float32
     chunk = scan._blocks(20, 5, interpreted=device.type != "cuda")["CHUNK"]
-    seqlen = 3 * chunk + (5 if case.startswith("odd") else 0)
+    seqlen = 1 if case == "one-step" else 3 * chunk + (5 if case.startswith("odd") else 0)
     inputs = scan_inputs(2, seqlen, 20, 5, dtype, device, features=case != "no-extras")
     for name in ("u", "delta", "z"):
         if name in inputs:

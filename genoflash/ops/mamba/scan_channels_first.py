@@ -259,8 +259,9 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
 
 def time_contiguous(t: torch.Tensor) -> bool:
     """Whether a (batch, seqlen, dim) tensor's steps are adjacent in memory, as in a view of
-    (batch, dim, seqlen) memory: what these kernels need to keep runs of steps in each thread."""
-    return t.stride(1) == 1
+    (batch, dim, seqlen) memory: what these kernels need to keep runs of steps in each thread.
+    A single step is either layout."""
+    return t.stride(1) == 1 or t.shape[1] == 1
 
 
 def _as_channels_first(t: torch.Tensor) -> torch.Tensor:
@@ -327,11 +328,11 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
                                HAS_Z=flags["HAS_Z"], **cfg)
     _carry_walk(y_loc, decay, carried, True, _blocks(dim, dstate, interpreted))
     del y_loc
-    du = _empty_channels_first(u, u.dtype)
-    ddelta = _empty_channels_first(u, delta.dtype)
-    dz = _empty_channels_first(u, z.dtype) if z is not None else du  # du: a placeholder
-    for t in (du, ddelta, dz):
-        assert t.stride() == dout.stride()  # the kernel writes them with dout's strides
+    # The gradient kernel writes du, ddelta and dz with dout's strides; dout is dense, so
+    # empty_like gives them exactly those.
+    du = torch.empty_like(dout, dtype=u.dtype)
+    ddelta = torch.empty_like(dout, dtype=delta.dtype)
+    dz = torch.empty_like(dout, dtype=z.dtype) if z is not None else du  # du: a placeholder
     da_part = torch.empty_like(h0)
     parts = 1 if not deterministic else grid[1]
     alloc = torch.zeros if not deterministic else torch.empty
