@@ -133,6 +133,16 @@ def _chunk_inputs(U, DELTA, DELTA_BIAS, A, B, off_b, t0, d0, seqlen, dim, dstate
 
 
 @triton.jit
+def _write_partial(ptr, value, mask, ATOMIC: tl.constexpr):
+    """A partial sum: added into one shared float32 buffer (ATOMIC: no partials, but the order of
+    the additions varies from run to run), or stored in this program's own slot."""
+    if ATOMIC:
+        tl.atomic_add(ptr, value, mask=mask, sem="relaxed")
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
+@triton.jit
 def _row(x, offs_t, t: tl.constexpr):
     """Row t of a (CHUNK, ...) tile: a masked sum, since register tiles are not indexable."""
     return tl.sum(tl.where(offs_t[:, None, None] == t, x, 0.0), 0)
@@ -414,14 +424,8 @@ def _scan_chunk_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU
     else:
         part = pid_d.to(tl.int64) * stride_pk + off_b.to(tl.int64) * stride_pb + t0.to(tl.int64) * stride_pl
     tn = offs_t[:, None] * stride_pl + offs_n[None, :]
-    db = tl.sum(g * (dt * u)[:, :, None], 1)
-    dc = tl.sum(dy[:, :, None] * h, 1)
-    if ATOMIC:
-        tl.atomic_add(DB_PART + part + tn, db, mask=tn_mask, sem="relaxed")
-        tl.atomic_add(DC_PART + part + tn, dc, mask=tn_mask, sem="relaxed")
-    else:
-        tl.store(DB_PART + part + tn, db, mask=tn_mask)
-        tl.store(DC_PART + part + tn, dc, mask=tn_mask)
+    _write_partial(DB_PART + part + tn, tl.sum(g * (dt * u)[:, :, None], 1), tn_mask, ATOMIC)
+    _write_partial(DC_PART + part + tn, tl.sum(dy[:, :, None] * h, 1), tn_mask, ATOMIC)
 
 
 # ---------------------------------------------------------------- launchers

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _linear_recurrence, _sigmoid, _step_size,
-                   _strides3, _tile_2d)
+                   _strides3, _tile_2d, _write_partial)
 
 # Off until timed on the H200: the interface takes these kernels for channels-first inputs only
 # when this is True, and the Mamba block makes channels-first activations only then.
@@ -55,6 +55,33 @@ def _tile_at(X, off_b, t0, d0, stride_xb, stride_xl, stride_xd, offs_t, offs_d, 
 
 
 @triton.jit
+def _cf_chunk_prologue(U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud,
+                       stride_db, stride_dl, stride_dd, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """What every pass needs before its loop over states: the tile's offsets and masks, u, the
+    step size dt (zero past the sequence end), x = delta + bias, and dt u."""
+    offs_t = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_t = seqlen - t0
+    u = _tile_at(U, off_b, t0, d0, stride_ub, stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
+    dt, x = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
+                       HAS_BIAS, SOFTPLUS)
+    return offs_t, offs_d, n_t, offs_d < dim - d0, u, dt, x, dt * u
+
+
+@triton.jit
+def _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an, stride_bb,
+                   stride_bl, stride_bn):
+    """State n's forward scan over the chunk from a zero start: (A[:, n], B[:, n], b, the
+    cumulative decays, h_loc)."""
+    a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
+    b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+    b = dtu * b_col[:, None]
+    a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), b), 0, _linear_recurrence)
+    return a_col, b_col, b, a_cum, h_loc
+
+
+@triton.jit
 def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
                      stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
                      stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
@@ -62,20 +89,13 @@ def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
     """Pass 1: each chunk's final state from a zero start (S_c) and its decay (P_c), state by state."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
     t0 = chunk * CHUNK
-    offs_t = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_t = seqlen - t0
-    d_mask = offs_d < dim - d0
-    u = _tile_at(U, off_b, t0, d0, stride_ub, stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
-    dt, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
-                       HAS_BIAS, SOFTPLUS)
-    dtu = dt * u
+    offs_t, offs_d, n_t, d_mask, _, dt, _, dtu = _cf_chunk_prologue(
+        U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
+        stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
     for n in range(0, dstate):
-        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
-        b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
-        a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), dtu * b_col[:, None]), 0,
-                                           _linear_recurrence)
+        _, _, _, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
+                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
         tl.store(S_LOC + s_off + n, _time_row(h_loc, offs_t, CHUNK - 1), mask=d_mask)
         tl.store(P + s_off + n, _time_row(a_cum, offs_t, CHUNK - 1), mask=d_mask)
 
@@ -91,22 +111,15 @@ def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dst
     states, then out = (y + u D) silu(z), rounded once to OUT's dtype."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
     t0 = chunk * CHUNK
-    offs_t = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_t = seqlen - t0
-    d_mask = offs_d < dim - d0
-    u = _tile_at(U, off_b, t0, d0, stride_ub, stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
-    dt, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
-                       HAS_BIAS, SOFTPLUS)
-    dtu = dt * u
+    offs_t, offs_d, n_t, d_mask, u, dt, _, dtu = _cf_chunk_prologue(
+        U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
+        stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
     for n in range(0, dstate):
-        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
-        b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        _, _, _, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
+                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
         c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
-        a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), dtu * b_col[:, None]), 0,
-                                           _linear_recurrence)
         h_init = tl.load(H + s_off + n, mask=d_mask, other=0.0)
         y += c_col[:, None] * (h_loc + a_cum * h_init[None, :])
     if HAS_D:
@@ -184,15 +197,10 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
     off_b, pid_d, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     d0 = pid_d * BLOCK_D
     t0 = chunk * CHUNK
-    offs_t = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_t = seqlen - t0
-    d_mask = offs_d < dim - d0
+    offs_t, offs_d, n_t, d_mask, u, dt, x, dtu = _cf_chunk_prologue(
+        U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
+        stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     row_mask = offs_t < n_t
-    u = _tile_at(U, off_b, t0, d0, stride_ub, stride_ul, stride_ud, offs_t, offs_d, n_t, dim - d0)
-    dt, x = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
-                       HAS_BIAS, SOFTPLUS)
-    dtu = dt * u
     dt_next, dy, dout, z = _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim, stride_db,
                                               stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb,
                                               stride_zl, stride_zd, offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS, HAS_Z)
@@ -206,11 +214,9 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
     ddt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)     # dL/d dt: sum_n A g (h - b), + u gb_sum below
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)       # the core's output, for dz
     for n in range(0, dstate):
-        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
-        b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        a_col, b_col, b, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
+                                                       stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
         c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
-        b = dtu * b_col[:, None]
-        a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), b), 0, _linear_recurrence)
         h = h_loc + a_cum * tl.load(H + s_off + n, mask=d_mask, other=0.0)[None, :]
         alpha_cum, g_loc = tl.associative_scan((tl.exp(dt_next * a_col[None, :]), dy * c_col[:, None]), 0,
                                                _linear_recurrence, reverse=True)
@@ -222,14 +228,8 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
             y += h * c_col[:, None]
         tl.store(DA_PART + s_off + n, tl.sum(g_hb * dt, 0), mask=d_mask)
         # Rows past the sequence end hold g = 0 and dy = 0, so they add nothing.
-        db = tl.sum(g * dtu, 1)
-        dc = tl.sum(dy * h, 1)
-        if ATOMIC:
-            tl.atomic_add(DB_PART + part + n, db, mask=row_mask, sem="relaxed")
-            tl.atomic_add(DC_PART + part + n, dc, mask=row_mask, sem="relaxed")
-        else:
-            tl.store(DB_PART + part + n, db, mask=row_mask)
-            tl.store(DC_PART + part + n, dc, mask=row_mask)
+        _write_partial(DB_PART + part + n, tl.sum(g * dtu, 1), row_mask, ATOMIC)
+        _write_partial(DC_PART + part + n, tl.sum(dy * h, 1), row_mask, ATOMIC)
 
     d_skip = _channel_vector(D, d0, dim, offs_d, HAS_D, BLOCK_D)
     du = dt * gb_sum
