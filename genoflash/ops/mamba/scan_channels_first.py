@@ -16,9 +16,10 @@ With channels contiguous it splits time across warps or lanes instead and each s
 threads (benchmarks/NOTES.md, ninth session). The tensors are passed as (batch, seqlen, dim)
 views of channels-first memory; every kernel takes their strides.
 
-BLOCK_D = 8 x num_warps channels, so each thread owns 8 steps of one channel per tile: about 10
-live tiles in the gradient pass stay within ~90 registers. dB and dC (sums over channels) are
-the only reductions across warps.
+BLOCK_D = 8 x num_warps channels, so each thread owns 8 steps of one channel per tile: the
+gradient pass's dozen live tiles and two scans per state fit in ~210 registers without spills
+(sm_90; the 3-D gradient pass spills at 255). dB and dC (sums over channels) are the only
+reductions across warps.
 """
 
 from __future__ import annotations
