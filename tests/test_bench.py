@@ -111,12 +111,13 @@ def test_bench_mixers_channels_first_mamba_runs_at_cpu_size(tmp_path, monkeypatc
     """--mamba-channels-first: the Mamba block makes channels-first activations (the state-loop
     scan's layout), its results go to their own file, and the metadata says which scan ran."""
     from genoflash.ops.mamba import scan_channels_first
-    monkeypatch.setattr(scan_channels_first, "ENABLED", False)  # restored after main() sets it
+    monkeypatch.setattr(scan_channels_first, "ENABLED", False)
     assert main(["bench", "mixers", "--cpu", "--mixers", "mamba", "--d-models", "16", "--mamba-channels-first",
                  "--out", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("*mixers-channels-first.json")).read_text())
     assert report["metadata"]["mamba_scan"] == "channels-first state loop"
     assert set(report["results"]["16"]["mamba"]) == {"64", "128"}
+    assert scan_channels_first.ENABLED is False  # main() puts the flag back
 
 
 def _fake_ssd_modules(monkeypatch, calls):

@@ -143,7 +143,8 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     bwd_bytes = e * (7 * ld + 2 * ln) + 2 * 4 * ln
     return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "dtype": str(dtype),
             "kernels": "channels-first state loop" if channels_first else "3-D tiles", "fwd_ms": fwd_ms,
-            "bwd_ms": bwd_ms, "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9, "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
+            "bwd_ms": bwd_ms, "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9,
+            "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
             "bwd_atomic_ms": bwd_atomic_ms, "bwd_atomic_gbps": bwd_bytes / (bwd_atomic_ms * 1e-3) / 1e9,
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
@@ -307,9 +308,17 @@ def main(argv: list[str]) -> int:
     if not args.cpu and not torch.cuda.is_available():
         print("genoflash bench mixers needs a CUDA GPU (or --cpu for a tiny run)", flush=True)
         return 2
-    device = torch.device("cpu" if args.cpu else "cuda")
     from ..ops.mamba import scan_channels_first
-    scan_channels_first.ENABLED = args.mamba_channels_first  # read by the Mamba block and the scan timing
+    # Read by the Mamba block and the scan timing; restored after, for callers in this process.
+    previous = scan_channels_first.ENABLED
+    scan_channels_first.ENABLED = args.mamba_channels_first
+    try:
+        return _run(args, torch.device("cpu" if args.cpu else "cuda"))
+    finally:
+        scan_channels_first.ENABLED = previous
+
+
+def _run(args, device: torch.device) -> int:
     if args.ssd_seqlens is None:
         args.ssd_seqlens = "" if args.cpu else args.scan_seqlens
     dtype = torch.float32 if args.cpu else torch.bfloat16
@@ -337,7 +346,7 @@ def main(argv: list[str]) -> int:
         report["scan"] = {"copy_gbps": copy, "points": []}
         for d_inner in (512, 2048):
             for n in (int(x) for x in args.scan_seqlens.split(",")):
-                point = scan_bandwidth(n, d_inner, 16, device, channels_first=scan_channels_first.ENABLED)
+                point = scan_bandwidth(n, d_inner, 16, device, channels_first=args.mamba_channels_first)
                 point.update(fwd_of_copy=point["fwd_gbps"] / copy, bwd_of_copy=point["bwd_gbps"] / copy)
                 report["scan"]["points"].append(point)
                 print(f"scan d_inner={d_inner} N={n:>9,}  fwd {point['fwd_ms']:.3f} ms {point['fwd_gbps']:.0f} GB/s "
