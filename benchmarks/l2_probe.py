@@ -17,7 +17,9 @@ leaves room for: `--ncu` runs one plain forward at 256k between cudaProfilerStar
 
 Measured at 4a904cb: the merge over 65,536-key chunks ran at 546 TF/s against 520 at 256k, and
 ncu read a 63% L2 hit rate there. The probe now also times genoflash's own split
-("genoflash key chunks of N": configs.forward_key_chunk, the state carried between launches).
+("genoflash key chunks of N": configs.forward_key_chunk, the state carried between launches;
+at a3eaca5, 568 TF/s over 65,536-key chunks at 256k against 501 whole, so it became the
+default), causal as well, and the default beside them ("whole" is one launch, key_chunk=0).
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ def merged_forward(q, k, v, chunk: int):
     return sum(w * o.float() for w, o in zip(weights, outs)).to(q.dtype)
 
 
-def chunked_forward(q, k, v, chunk: int):
+def chunked_forward(q, k, v, chunk: int, causal: bool = False):
     """genoflash's own split (configs.forward_key_chunk): one launch per key chunk, the softmax
-    state carried between them in float32, no merge pass."""
+    state carried between them in float32, no merge pass. chunk=0: one launch."""
     with override_configs(key_chunk=chunk):
-        return genoflash.flash_attn_func(q, k, v)
+        return genoflash.flash_attn_func(q, k, v, causal=causal)
 
 
 def main() -> None:
@@ -68,32 +70,34 @@ def main() -> None:
         q, k, v = (torch.randn(1, n, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         if args.ncu:
             if n == 262144:
-                genoflash.flash_attn_func(q, k, v)
+                chunked_forward(q, k, v, 0)
                 torch.cuda.synchronize()
                 torch.cuda.profiler.start()
-                genoflash.flash_attn_func(q, k, v)
+                chunked_forward(q, k, v, 0)
                 torch.cuda.synchronize()
                 torch.cuda.profiler.stop()
             continue
-        flops = 4 * 8 * n * n * 128
-        whole = genoflash.flash_attn_func(q, k, v)
-        variants = {"whole": lambda: genoflash.flash_attn_func(q, k, v)}
-        for chunk in (16384, 32768, 65536):
-            if chunk < n:
-                variants[f"merged, key chunks of {chunk}"] = (lambda c=chunk: merged_forward(q, k, v, c))
-                variants[f"genoflash key chunks of {chunk}"] = (lambda c=chunk: chunked_forward(q, k, v, c))
-        for name, fn in variants.items():
-            err = (fn().float() - whole.float()).abs().max().item()
-            ms = triton.testing.do_bench(fn, warmup=5, rep=100, return_mode="median")
-            row = dict(seqlen=n, nheads=8, headdim=128, variant=name, ms=ms, tflops=flops / ms * 1e-9,
-                       max_diff_vs_whole=err)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-            with open(args.out, "w") as f:
-                json.dump(dict(meta, rows=rows), f, indent=1)
+        for causal in (False, True):
+            flops = 4 * 8 * n * n * 128 / (2 if causal else 1)
+            whole = chunked_forward(q, k, v, 0, causal)
+            variants = {"whole": lambda: chunked_forward(q, k, v, 0, causal)}
+            for chunk in (16384, 32768, 65536):
+                if chunk < n:
+                    if not causal:  # the merge below knows no causal offsets
+                        variants[f"merged, key chunks of {chunk}"] = (lambda c=chunk: merged_forward(q, k, v, c))
+                    variants[f"genoflash key chunks of {chunk}"] = (lambda c=chunk: chunked_forward(q, k, v, c, causal))
+            variants["default (configs.FORWARD_KEY_CHUNK)"] = lambda: genoflash.flash_attn_func(q, k, v, causal=causal)
+            for name, fn in variants.items():
+                err = (fn().float() - whole.float()).abs().max().item()
+                ms = triton.testing.do_bench(fn, warmup=5, rep=100, return_mode="median")
+                row = dict(seqlen=n, nheads=8, headdim=128, causal=causal, variant=name, ms=ms,
+                           tflops=flops / ms * 1e-9, max_diff_vs_whole=err)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                with open(args.out, "w") as f:
+                    json.dump(dict(meta, rows=rows), f, indent=1)
         q = k = v = whole = variants = None  # free before the next length
         torch.cuda.empty_cache()
-
 
 if __name__ == "__main__":
     main()

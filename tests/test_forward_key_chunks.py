@@ -1,6 +1,6 @@
 """The forward over chunks of keys, one launch per chunk with the online softmax's state carried
-between launches in float32 (configs.forward_key_chunk; off by default until timed on the
-H200). Processed in the same tile order as one launch, it must give the same output and LSE bit
+between launches in float32 (configs.forward_key_chunk; on the GPU by default above 65,536
+keys). Processed in the same tile order as one launch, it must give the same output and LSE bit
 for bit, with every feature, and so the same gradients. The launches are counted, so a silent
 single launch would fail."""
 
@@ -63,13 +63,13 @@ def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k,
 
     monkeypatch.setattr(forward, "launch", spy)
     runs = []
-    for chunk in (None, 64):  # 64 keys: two of the interpreter's 32-key tiles per launch (one GPU tile)
+    for chunk in (0, 64):  # 0: one launch; 64 keys: two of the interpreter's 32-key tiles per launch (one GPU tile)
         launches.clear()
         with genoflash.use_backend("triton"), override_configs(key_chunk=chunk):
             out, lse = genoflash.flash_attn_func(q, k, v, **kwargs)
             grads = torch.autograd.grad(out, [q, k, v], dout)
         runs.append([out, lse, *grads])
-        if chunk is None:
+        if chunk == 0:
             assert [flags[:2] for flags in launches] == [(False, False)]
     block_n = launches[0][2]
     n_launches = -(-seqlen_k // max(block_n, 64 // block_n * block_n))
@@ -78,3 +78,32 @@ def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k,
     for name, a, b in zip(["out", "lse", "dq", "dk", "dv"], *runs):
         assert not torch.isnan(a).any(), name
         assert torch.equal(a, b), f"{name}: max diff {(a.float() - b.float()).abs().max().item():.3e}"
+
+
+def test_default_chunking_stands_aside_where_it_cannot_help_or_fit(monkeypatch):
+    """The default split (FORWARD_KEY_CHUNK) applies to long keys on the GPU only, not under a
+    left-bounded window (no drift along the keys to bound), and not when its float32 state
+    would take more than the allowed share of free memory. The device's memory is faked so that
+    this runs on the CPU too."""
+    from genoflash.ops.attention import configs
+    cuda = torch.device("cuda")
+    gib = 2**30
+    monkeypatch.setattr(configs, "triton_interpreted", lambda: False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 141 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 * gib)
+    chunk = configs.FORWARD_KEY_CHUNK
+    assert chunk and chunk % 128 == 0
+    n = 4 * chunk
+    assert configs.forward_key_chunk(n, 128, cuda, state_bytes=gib) == chunk
+    assert configs.forward_key_chunk(chunk, 128, cuda, state_bytes=gib) is None  # fits in one chunk
+    assert configs.forward_key_chunk(n, 128, torch.device("cpu"), state_bytes=gib) is None
+    assert configs.forward_key_chunk(n, 128, cuda, window_left=4096, state_bytes=gib) is None
+    # 10 GiB free plus 2 GiB cached: a state of 6 GiB fits (half), one of 6 GiB + 1 byte does not.
+    assert configs.forward_key_chunk(n, 128, cuda, state_bytes=6 * gib) == chunk
+    assert configs.forward_key_chunk(n, 128, cuda, state_bytes=6 * gib + 1) is None
+    # An explicit override applies regardless; 0 forces one launch.
+    with override_configs(key_chunk=1000):
+        assert configs.forward_key_chunk(n, 128, cuda, window_left=4096, state_bytes=100 * gib) == 896
+    with override_configs(key_chunk=0):
+        assert configs.forward_key_chunk(n, 128, cuda, state_bytes=gib) is None

@@ -124,17 +124,41 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
 
 # Keys per forward launch for long fixed-length sequences (None: all keys in one launch). One
 # head's K and V take 128 MB at 256k keys (bf16, hd128), more than the H200's 50 MB of L2, and
-# there ncu read a 63% L2 hit rate (96-98% at 16k); the forward computed over 65,536-key chunks
-# and merged in PyTorch ran at 546 TF/s against 520 for one launch (benchmarks/l2_probe.py,
-# results/h200-2026-11-30-l2-probe-4a904cb.json). attention_forward now splits the keys inside
-# genoflash, carrying the softmax state between launches. Off until that is timed on the H200.
-FORWARD_KEY_CHUNK: int | None = None
+# there ncu read a 63% L2 hit rate (96-98% at 16k): the programs of a head drift apart along the
+# keys and stop sharing K/V tiles in L2. attention_forward then launches once per key chunk,
+# carrying the softmax state between launches in float32. Measured on the H200 at B1 H8 hd128
+# bf16 (benchmarks/l2_probe.py, results/h200-2026-11-30-l2-probe-a3eaca5.json): at 256k, one
+# launch 501 TF/s, chunks of 16,384 557, of 32,768 564, of 65,536 568; at 64k chunks of 16,384
+# cost 1% (563 vs 570), so chunks apply only where seqlen_k exceeds 65,536.
+FORWARD_KEY_CHUNK: int | None = 65536
+# The carried state takes (batch, nheads, seqlen_q, head_dim_v + 2) float32, 2x a bf16 output.
+# A forward at genome scale may not have that to spare; then it runs in one launch (the result is
+# bit-for-bit the same either way, tests/test_forward_key_chunks.py). The share of free memory the
+# state may take:
+KEY_CHUNK_STATE_MAX_FREE_FRACTION = 0.5
 
 
-def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device) -> int | None:
-    """Keys per forward launch, a multiple of block_n, or None for one launch."""
-    chunk = _override.get("key_chunk", FORWARD_KEY_CHUNK if device.type == "cuda" else None)
-    if chunk is None:
+def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, window_left: int = -1,
+                      state_bytes: int = 0) -> int | None:
+    """Keys per forward launch, a multiple of block_n, or None for one launch.
+
+    The default (FORWARD_KEY_CHUNK) stands aside where it cannot help or cannot fit: a window
+    with a left edge (each query tile reads at most its window of keys, so there is no drift
+    along them to bound), or a state larger than KEY_CHUNK_STATE_MAX_FREE_FRACTION of the
+    device's free memory (PyTorch's cached blocks included). An explicit override_configs
+    (key_chunk=...) always applies: tests force the chunked path with it, and key_chunk=0 forces
+    one launch."""
+    if "key_chunk" in _override:
+        chunk = _override["key_chunk"]
+    else:
+        chunk = FORWARD_KEY_CHUNK if device.type == "cuda" and not triton_interpreted() else None
+        if chunk is None or seqlen_k <= chunk or window_left >= 0:
+            return None
+        free, _ = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        if state_bytes > KEY_CHUNK_STATE_MAX_FREE_FRACTION * free:
+            return None
+    if not chunk:  # None, or an override of 0: one launch
         return None
     return max(block_n, (int(chunk) // block_n) * block_n)
 
