@@ -107,17 +107,18 @@ def test_bench_mixers_runs_at_cpu_size(tmp_path):
     assert next(tmp_path.glob("*mixers.png")).stat().st_size > 0
 
 
-def test_bench_mixers_channels_first_mamba_runs_at_cpu_size(tmp_path, monkeypatch):
-    """--mamba-channels-first: the Mamba block makes channels-first activations (the state-loop
-    scan's layout), its results go to their own file, and the metadata says which scan ran."""
+def test_bench_mixers_3d_tiles_mamba_runs_at_cpu_size(tmp_path, monkeypatch):
+    """--mamba-3d-tiles: the Mamba block makes channels-last activations (scan.py's 3-D tiles)
+    instead of the default channels-first ones, its results go to their own file, the metadata
+    says which scan ran, and the global flag is put back after."""
     from genoflash.ops.mamba import scan_channels_first
-    monkeypatch.setattr(scan_channels_first, "ENABLED", False)
-    assert main(["bench", "mixers", "--cpu", "--mixers", "mamba", "--d-models", "16", "--mamba-channels-first",
+    monkeypatch.setattr(scan_channels_first, "ENABLED", True)
+    assert main(["bench", "mixers", "--cpu", "--mixers", "mamba", "--d-models", "16", "--mamba-3d-tiles",
                  "--out", str(tmp_path)]) == 0
-    report = json.loads(next(tmp_path.glob("*mixers-channels-first.json")).read_text())
-    assert report["metadata"]["mamba_scan"] == "channels-first state loop"
+    report = json.loads(next(tmp_path.glob("*mixers-3d-tiles.json")).read_text())
+    assert report["metadata"]["mamba_scan"] == "3-D tiles"
     assert set(report["results"]["16"]["mamba"]) == {"64", "128"}
-    assert scan_channels_first.ENABLED is False  # main() puts the flag back
+    assert scan_channels_first.ENABLED is True  # main() puts the flag back
 
 
 def _fake_ssd_modules(monkeypatch, calls):

@@ -181,20 +181,28 @@ def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstat
 
 
 def genoflash_scan_core(seqlen: int, d_inner: int, dstate: int, device) -> dict:
-    """genoflash's selective scan (`selective_scan_fn`, ops/mamba/scan.py, with the skip D)
-    forward+backward through autograd, at the dtypes the Mamba layer hands it (u, delta, B, C
-    bf16 on the GPU; A and D float32): time and peak memory, to stand beside ssd_peer_core (no
-    gate z there either)."""
-    from ..ops.mamba import selective_scan_fn
+    """genoflash's selective scan (`selective_scan_fn`, with the skip D) forward+backward through
+    autograd, at the dtypes the Mamba layer hands it (u, delta, B, C bf16 on the GPU; A and D
+    float32) and in its layout: u and delta channels-first ((batch, dim, seqlen) memory, the
+    state-loop kernels of scan_channels_first.py) when those are enabled, else channels-last
+    (scan.py's 3-D tiles). Time and peak memory, to stand beside ssd_peer_core (no gate z there
+    either)."""
+    from ..ops.mamba import scan_channels_first, selective_scan_fn
     gen = torch.Generator(device=device).manual_seed(0)
     bf16 = torch.bfloat16 if device.type == "cuda" else torch.float32
-    u = torch.randn(1, seqlen, d_inner, device=device, generator=gen).to(bf16).requires_grad_()
-    delta = (torch.rand(1, seqlen, d_inner, device=device, generator=gen) * 0.1).to(bf16).requires_grad_()
+    channels_first = scan_channels_first.ENABLED
+
+    def act(draw=torch.randn, scale: float = 1.0) -> torch.Tensor:  # (1, seqlen, d_inner), the block's layout
+        shape = (1, d_inner, seqlen) if channels_first else (1, seqlen, d_inner)
+        t = (draw(shape, device=device, generator=gen) * scale).to(bf16)
+        return (t.transpose(1, 2) if channels_first else t).requires_grad_()
+
+    u, delta = act(), act(torch.rand, 0.1)
     A = (-torch.rand(d_inner, dstate, device=device, generator=gen) - 0.5).requires_grad_()
     B, C = (torch.randn(1, seqlen, dstate, device=device, generator=gen).to(bf16).requires_grad_()
             for _ in range(2))
     D = torch.randn(d_inner, device=device, generator=gen).requires_grad_()
-    dy = torch.randn(1, seqlen, d_inner, device=device, generator=gen).to(bf16)
+    dy = act().detach()
 
     def step():
         y = selective_scan_fn(u, delta, A, B, C, D)
@@ -299,9 +307,10 @@ def main(argv: list[str]) -> int:
                              "at these N; default: the --scan-seqlens on a GPU, none with --cpu; '' to skip")
     parser.add_argument("--profile-seqlen", type=int, default=0,
                         help="GPU: also record each Hyena and Mamba layer's kernel times at this N (torch.profiler)")
-    parser.add_argument("--mamba-channels-first", action="store_true",
-                        help="the Mamba block and the scan timing take the channels-first state-loop kernels "
-                             "(ops/mamba/scan_channels_first.py, off by default until timed)")
+    parser.add_argument("--mamba-3d-tiles", action="store_true",
+                        help="the Mamba block and the scan timings take scan.py's 3-D tiles on channels-last "
+                             "activations instead of the channels-first state-loop kernels (the default, "
+                             "ops/mamba/scan_channels_first.py)")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
@@ -311,7 +320,7 @@ def main(argv: list[str]) -> int:
     from ..ops.mamba import scan_channels_first
     # Read by the Mamba block and the scan timing; restored after, for callers in this process.
     previous = scan_channels_first.ENABLED
-    scan_channels_first.ENABLED = args.mamba_channels_first
+    scan_channels_first.ENABLED = not args.mamba_3d_tiles
     try:
         return _run(args, torch.device("cpu" if args.cpu else "cuda"))
     finally:
@@ -331,8 +340,8 @@ def _run(args, device: torch.device) -> int:
         seqlens = [n for n in (64, 128) if n <= args.max_seqlen] or [args.max_seqlen]
     metadata = run_metadata(dtype=str(dtype), method="one layer fwd+bwd at batch 1; median of do_bench (GPU) or of "
                                                      "3 perf_counter runs (CPU); peak = max_memory_allocated",
-                            mamba_scan="channels-first state loop" if args.mamba_channels_first else "3-D tiles")
-    stem = results_stem(args.out, metadata, "mixers-channels-first" if args.mamba_channels_first else "mixers")
+                            mamba_scan="3-D tiles" if args.mamba_3d_tiles else "channels-first state loop")
+    stem = results_stem(args.out, metadata, "mixers-3d-tiles" if args.mamba_3d_tiles else "mixers")
     report = {"metadata": metadata, "results": {}}
 
     def save():
@@ -346,7 +355,7 @@ def _run(args, device: torch.device) -> int:
         report["scan"] = {"copy_gbps": copy, "points": []}
         for d_inner in (512, 2048):
             for n in (int(x) for x in args.scan_seqlens.split(",")):
-                point = scan_bandwidth(n, d_inner, 16, device, channels_first=args.mamba_channels_first)
+                point = scan_bandwidth(n, d_inner, 16, device, channels_first=not args.mamba_3d_tiles)
                 point.update(fwd_of_copy=point["fwd_gbps"] / copy, bwd_of_copy=point["bwd_gbps"] / copy)
                 report["scan"]["points"].append(point)
                 print(f"scan d_inner={d_inner} N={n:>9,}  fwd {point['fwd_ms']:.3f} ms {point['fwd_gbps']:.0f} GB/s "

@@ -31,9 +31,14 @@ import triton.language as tl
 from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _linear_recurrence, _sigmoid, _step_size,
                    _strides3, _tile_2d, _write_partial)
 
-# Off until timed on the H200: the interface takes these kernels for channels-first inputs only
-# when this is True, and the Mamba block makes channels-first activations only then.
-ENABLED = False
+# The interface takes these kernels for channels-first inputs only when this is True, and the
+# Mamba block makes channels-first activations only then. Timed on the H200 at a3eaca5
+# (results/h200-2026-11-30-mixers-channels-first-a3eaca5.json against ...-mixers-c36319a.json):
+# the scan kernels at 1M x 512, forward 34.0 -> 20.3 ms and backward 162 -> 107 ms; the Mamba
+# block fwd+bwd at 1M, d_model 256, 305 -> 204 ms and 19.9 -> 15.8 GiB; d_model 1024,
+# 1.24 -> 0.84 s and 78.8 -> 62.8 GiB. False brings back the 3-D tiles of scan.py everywhere
+# (`genoflash bench mixers --mamba-3d-tiles` times them).
+ENABLED = True
 
 
 @triton.jit
