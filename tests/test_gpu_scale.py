@@ -61,7 +61,9 @@ def check_sampled_rows(q, k, v, causal, n_rows=256):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("seqlen", [4097, 16384, 65536])
+# 70,001 keys: past configs.FORWARD_KEY_CHUNK (65,536), so the forward runs as two launches with
+# the softmax state carried between them, the second over a ragged 4,465-key chunk.
+@pytest.mark.parametrize("seqlen", [4097, 16384, 65536, 70001])
 def test_long_sequences_sampled_rows(seqlen, causal):
     torch.manual_seed(seqlen)
     q, k, v = (torch.randn(1, seqlen, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
