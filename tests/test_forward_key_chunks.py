@@ -82,7 +82,7 @@ def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k,
 
 def test_default_chunking_stands_aside_where_it_cannot_help_or_fit(monkeypatch):
     """The default split (FORWARD_KEY_CHUNK) applies to long keys on the GPU only, not under a
-    left-bounded window (no drift along the keys to bound), and not when its float32 state
+    causal or window mask (slower causal on the H200; a window bounds the keys read), and not when its float32 state
     would take more than the allowed share of free memory. The device's memory is faked so that
     this runs on the CPU too."""
     from genoflash.ops.attention import configs
@@ -98,12 +98,12 @@ def test_default_chunking_stands_aside_where_it_cannot_help_or_fit(monkeypatch):
     assert configs.forward_key_chunk(n, 128, cuda, state_bytes=gib) == chunk
     assert configs.forward_key_chunk(chunk, 128, cuda, state_bytes=gib) is None  # fits in one chunk
     assert configs.forward_key_chunk(n, 128, torch.device("cpu"), state_bytes=gib) is None
-    assert configs.forward_key_chunk(n, 128, cuda, window_left=4096, state_bytes=gib) is None
+    assert configs.forward_key_chunk(n, 128, cuda, masked=True, state_bytes=gib) is None
     # 10 GiB free plus 2 GiB cached: a state of 6 GiB fits (half), one of 6 GiB + 1 byte does not.
     assert configs.forward_key_chunk(n, 128, cuda, state_bytes=6 * gib) == chunk
     assert configs.forward_key_chunk(n, 128, cuda, state_bytes=6 * gib + 1) is None
     # An explicit override applies regardless; 0 forces one launch.
     with override_configs(key_chunk=1000):
-        assert configs.forward_key_chunk(n, 128, cuda, window_left=4096, state_bytes=100 * gib) == 896
+        assert configs.forward_key_chunk(n, 128, cuda, masked=True, state_bytes=100 * gib) == 896
     with override_configs(key_chunk=0):
         assert configs.forward_key_chunk(n, 128, cuda, state_bytes=gib) is None

@@ -61,8 +61,9 @@ def check_sampled_rows(q, k, v, causal, n_rows=256):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-# 70,001 keys: past configs.FORWARD_KEY_CHUNK (65,536), so the forward runs as two launches with
-# the softmax state carried between them, the second over a ragged 4,465-key chunk.
+# 70,001 keys: past configs.FORWARD_KEY_CHUNK (65,536), so the full (non-causal) forward runs as
+# two launches with the softmax state carried between them, the second over a ragged 4,465-key
+# chunk; the causal one stays one launch.
 @pytest.mark.parametrize("seqlen", [4097, 16384, 65536, 70001])
 def test_long_sequences_sampled_rows(seqlen, causal):
     torch.manual_seed(seqlen)

@@ -127,9 +127,12 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
 # there ncu read a 63% L2 hit rate (96-98% at 16k): the programs of a head drift apart along the
 # keys and stop sharing K/V tiles in L2. attention_forward then launches once per key chunk,
 # carrying the softmax state between launches in float32. Measured on the H200 at B1 H8 hd128
-# bf16 (benchmarks/l2_probe.py, results/h200-2026-11-30-l2-probe-a3eaca5.json): at 256k, one
-# launch 501 TF/s, chunks of 16,384 557, of 32,768 564, of 65,536 568; at 64k chunks of 16,384
-# cost 1% (563 vs 570), so chunks apply only where seqlen_k exceeds 65,536.
+# bf16 (benchmarks/l2_probe.py; results/h200-2026-11-30-l2-probe-a3eaca5.json and
+# ...-l2-probe-153baf4-tail.jsonl), without a mask: at 256k one launch ran at 501-518 TF/s,
+# chunks of 16,384 at 557-562, of 32,768 564-570, of 65,536 568-571; at 64k chunks of 16,384
+# cost 1% (563 vs 570), so chunks apply only where seqlen_k exceeds 65,536. Causal at 256k the
+# split loses (one launch 573, chunks of 65,536 560): a causal query tile reads only the keys up
+# to its diagonal, and the heavy-first tile order already keeps the programs in step.
 FORWARD_KEY_CHUNK: int | None = 65536
 # The carried state takes (batch, nheads, seqlen_q, head_dim_v + 2) float32, 2x a bf16 output.
 # A forward at genome scale may not have that to spare; then it runs in one launch (the result is
@@ -138,13 +141,13 @@ FORWARD_KEY_CHUNK: int | None = 65536
 KEY_CHUNK_STATE_MAX_FREE_FRACTION = 0.5
 
 
-def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, window_left: int = -1,
+def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, masked: bool = False,
                       state_bytes: int = 0) -> int | None:
     """Keys per forward launch, a multiple of block_n, or None for one launch.
 
-    The default (FORWARD_KEY_CHUNK) stands aside where it cannot help or cannot fit: a window
-    with a left edge (each query tile reads at most its window of keys, so there is no drift
-    along them to bound), or a state larger than KEY_CHUNK_STATE_MAX_FREE_FRACTION of the
+    The default (FORWARD_KEY_CHUNK) applies to full attention only (masked: causal or a sliding
+    window, where it was slower or cannot help: a query tile then reads only the keys of its
+    window), and only if the state takes at most KEY_CHUNK_STATE_MAX_FREE_FRACTION of the
     device's free memory (PyTorch's cached blocks included). An explicit override_configs
     (key_chunk=...) always applies: tests force the chunked path with it, and key_chunk=0 forces
     one launch."""
@@ -152,7 +155,7 @@ def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, window_
         chunk = _override["key_chunk"]
     else:
         chunk = FORWARD_KEY_CHUNK if device.type == "cuda" and not triton_interpreted() else None
-        if chunk is None or seqlen_k <= chunk or window_left >= 0:
+        if chunk is None or seqlen_k <= chunk or masked:
             return None
         free, _ = torch.cuda.mem_get_info(device)
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

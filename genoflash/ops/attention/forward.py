@@ -6,10 +6,10 @@ an online softmax; the N x N score matrix never exists outside registers. Masks
 (causal, sliding window, sequence ends), ALiBi and softcap are applied to each score
 tile in registers, and tiles a mask hides entirely are never loaded.
 
-Long fixed-length keys (over 65,536 on the GPU) are split into chunks, one launch each
-(configs.forward_key_chunk), so that the K/V a head's programs share stay in L2: then each
-launch but the last also writes its softmax state, which the next one reads, in float32 (O(N)
-like the output).
+Long fixed-length keys (over 65,536 on the GPU, without a causal or window mask) are split
+into chunks, one launch each (configs.forward_key_chunk), so that the K/V a head's programs
+share stay in L2: then each launch but the last also writes its softmax state, which the next
+one reads, in float32 (O(N) like the output).
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     # head's K and V outgrow L2 and the programs of a head drift apart along them) chunks
     # whose K and V fit, with the softmax state carried in float32 between launches.
     chunk = None if a.varlen else forward_key_chunk(
-        seqlen_k, cfg.block_n, q.device, a.window_left, state_bytes=batch * nheads * seqlen_q * (head_dim_v + 2) * 4)
+        seqlen_k, cfg.block_n, q.device, masked=a.window_left >= 0 or a.window_right >= 0, state_bytes=batch * nheads * seqlen_q * (head_dim_v + 2) * 4)
     if chunk is None or a.varlen or seqlen_k <= chunk:
         ranges = [(0, seqlen_k)]
         acc_state = ml_state = lse  # placeholders: nothing reads them
