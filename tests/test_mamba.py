@@ -245,22 +245,29 @@ def _time_contiguous(t):
     return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(t.requires_grad)
 
 
-@pytest.mark.parametrize("case", ["features", "no-extras", "atomic", "odd-length-16-bit", "bias-z-only", "one-step"])
+@pytest.mark.parametrize("case", ["features", "features-flipped", "no-extras", "atomic", "odd-length-16-bit",
+                                  "bias-z-only", "one-step"])
 def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
     """The state-loop kernels (scan_channels_first.py), which take channels-first u and delta,
     within the rule over several chunks and channel blocks, and taken: a spy counts their
-    calls. "odd-length" also checks a length where Triton cannot vectorise the loads."""
+    calls. "odd-length" also checks a length where Triton cannot vectorise the loads;
+    "flipped" forces the adjoint scans as flipped forward scans (the compiled default) on the
+    CPU too."""
     calls = []
     for name in ("scan_forward", "scan_backward"):
         real = getattr(scan_channels_first, name)
         monkeypatch.setattr(scan_channels_first, name, lambda *a, _real=real, _n=name, **k: (calls.append(_n),
                                                                                           _real(*a, **k))[1])
     monkeypatch.setattr(scan_channels_first, "ENABLED", True)
+    if case.endswith("flipped"):
+        monkeypatch.setattr(scan, "FLIP_REVERSE_SCAN", True)
     torch.manual_seed(17)
     dtype = (torch.bfloat16 if HAS_CUDA else torch.float16) if case.startswith("odd") else torch.float32
     chunk = scan._blocks(20, 5, interpreted=device.type != "cuda")["CHUNK"]
     seqlen = 1 if case == "one-step" else 3 * chunk + (5 if case.startswith("odd") else 0)
     inputs = scan_inputs(2, seqlen, 20, 5, dtype, device, features=case != "no-extras")
+    if case.endswith("flipped"):  # B and C as a view of state-major float32 memory: taken without a copy
+        inputs["B"], inputs["C"] = (_time_contiguous(inputs[name].float()) for name in ("B", "C"))
     for name in ("u", "delta", "z"):
         if name in inputs:
             inputs[name] = _time_contiguous(inputs[name])

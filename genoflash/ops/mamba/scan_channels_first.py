@@ -20,6 +20,14 @@ BLOCK_D = 8 x num_warps channels, so each thread owns 8 steps of one channel per
 gradient pass's dozen live tiles and two scans per state fit in ~210 registers without spills
 (sm_90; the 3-D gradient pass spills at 255). dB and dC (sums over channels) are the only
 reductions across warps.
+
+What each state's step costs, in sm_90 SASS instructions per thread of the loop over states
+(8 steps of one channel; `benchmarks/offline_compile.py mamba 16 --channels-first --sass DIR`):
+local 163 -> 96, output 230 -> 127, backward local 237 -> 116, gradients 728 -> 504, from three
+changes: B and C read as state-major float32 (`_state_major`: one vector load per run of steps,
+where each step took a scalar load, a 64-bit address and a conversion), the adjoint scans as
+flipped forward scans (Triton lowers reverse=True with butterfly shuffles across the warp), and
+the decays as ex2.approx.ftz of dt * A log2(e) (`_decay`).
 """
 
 from __future__ import annotations
@@ -28,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _linear_recurrence, _sigmoid, _step_size,
-                   _strides3, _tile_2d, _write_partial)
+from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _flip_reverse_scan, _linear_recurrence, _sigmoid,
+                   _step_size, _strides3, _tile_2d, _write_partial)
 
 # The interface takes these kernels for channels-first inputs only when this is True, and the
 # Mamba block makes channels-first activations only then. Timed on the H200 at a3eaca5
@@ -39,6 +47,32 @@ from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _linear_recurr
 # 1.24 -> 0.84 s and 78.8 -> 62.8 GiB. False brings back the 3-D tiles of scan.py everywhere
 # (`genoflash bench mixers --mamba-3d-tiles` times them).
 ENABLED = True
+
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _decay(dt, a_log2, FAST_EXP: tl.constexpr):
+    """The decays exp(dt A) = 2^(dt A log2(e)), from a_log2 = A log2(e) scaled once per state
+    (the multiply by log2(e) would otherwise run per element). On the GPU as ex2.approx.ftz:
+    without ftz, ex2.approx guards subnormal results with a compare and two multiplies around
+    the MUFU (sm_90 SASS), four instructions where one does. Flushing a decay below 2^-126 to 0
+    changes nothing a float32 state can hold."""
+    x = dt * a_log2
+    if FAST_EXP:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return tl.math.exp2(x)
+
+
+@triton.jit
+def _reverse_scan(a, b, FLIP: tl.constexpr):
+    """The reverse linear-recurrence scan of (CHUNK, BLOCK_D) tiles along time."""
+    if FLIP:
+        a_rev, b_rev = tl.associative_scan((tl.flip(a, 0), tl.flip(b, 0)), 0, _linear_recurrence)
+        return tl.flip(a_rev, 0), tl.flip(b_rev, 0)
+    return tl.associative_scan((a, b), 0, _linear_recurrence, reverse=True)
 
 
 @triton.jit
@@ -77,13 +111,13 @@ def _cf_chunk_prologue(U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_
 
 @triton.jit
 def _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an, stride_bb,
-                   stride_bl, stride_bn):
+                   stride_bl, stride_bn, FAST_EXP: tl.constexpr):
     """State n's forward scan over the chunk from a zero start: (A[:, n], B[:, n], b, the
     cumulative decays, h_loc)."""
     a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
     b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
     b = dtu * b_col[:, None]
-    a_cum, h_loc = tl.associative_scan((tl.exp(dt * a_col[None, :]), b), 0, _linear_recurrence)
+    a_cum, h_loc = tl.associative_scan((_decay(dt, (a_col * LOG2E)[None, :], FAST_EXP), b), 0, _linear_recurrence)
     return a_col, b_col, b, a_cum, h_loc
 
 
@@ -91,7 +125,7 @@ def _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
 def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
                      stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
                      stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
-                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
     """Pass 1: each chunk's final state from a zero start (S_c) and its decay (P_c), state by state."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
     t0 = chunk * CHUNK
@@ -101,7 +135,7 @@ def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
     for n in range(0, dstate):
         _, _, _, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
-                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
+                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn, FAST_EXP)
         tl.store(S_LOC + s_off + n, _time_row(h_loc, offs_t, CHUNK - 1), mask=d_mask)
         tl.store(P + s_off + n, _time_row(a_cum, offs_t, CHUNK - 1), mask=d_mask)
 
@@ -111,7 +145,7 @@ def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dst
                    stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
                    stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn, stride_zb, stride_zl, stride_zd,
                    stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
-                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
     """Pass 3: y = sum_n C[:, n] h_n accumulated state by state from the chunk's true initial
     states, then out = (y + u D) silu(z), rounded once to OUT's dtype."""
@@ -124,7 +158,7 @@ def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dst
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
     for n in range(0, dstate):
         _, _, _, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
-                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
+                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn, FAST_EXP)
         c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
         h_init = tl.load(H + s_off + n, mask=d_mask, other=0.0)
         y += c_col[:, None] * (h_loc + a_cum * h_init[None, :])
@@ -162,8 +196,8 @@ def _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim,
 def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, dstate,
                          stride_db, stride_dl, stride_dd, stride_ad, stride_an, stride_cb, stride_cl, stride_cn,
                          stride_ob, stride_ol, stride_od, stride_zb, stride_zl, stride_zd, stride_sb, stride_sc,
-                         stride_sd, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr):
+                         stride_sd, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr, FLIP_SCAN: tl.constexpr):
     """Backward pass 1: a[first] g_loc[first] per state, what each chunk hands to the one before
     it from its own dy."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
@@ -182,9 +216,8 @@ def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, d
     for n in range(0, dstate):
         a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
         c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
-        _, g_loc = tl.associative_scan((tl.exp(dt_next * a_col[None, :]), dy * c_col[:, None]), 0,
-                                       _linear_recurrence, reverse=True)
-        tl.store(Y_LOC + s_off + n, tl.exp(dt_first * a_col) * _time_row(g_loc, offs_t, 0), mask=d_mask)
+        _, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None], FLIP_SCAN)
+        tl.store(Y_LOC + s_off + n, _decay(dt_first, a_col * LOG2E, FAST_EXP) * _time_row(g_loc, offs_t, 0), mask=d_mask)
 
 
 @triton.jit
@@ -194,8 +227,8 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
                      stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
                      stride_zb, stride_zl, stride_zd, stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
                      stride_pk, stride_pb, stride_pl, stride_vb, stride_vc,
-                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, ATOMIC: tl.constexpr):
+                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, ATOMIC: tl.constexpr, FLIP_SCAN: tl.constexpr):
     """Backward pass 3, state by state: for each n, h_n (forward rescan from H_c) and g_n
     (reverse rescan with X_c), their terms of du, ddelta and dz accumulated in registers, and
     dA[:, n], dB[:, n], dC[:, n] written at once. DU, DDELTA and DZ have DOUT's strides (the
@@ -221,11 +254,10 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)       # the core's output, for dz
     for n in range(0, dstate):
         a_col, b_col, b, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
-                                                       stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
+                                                       stride_ad, stride_an, stride_bb, stride_bl, stride_bn, FAST_EXP)
         c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
         h = h_loc + a_cum * tl.load(H + s_off + n, mask=d_mask, other=0.0)[None, :]
-        alpha_cum, g_loc = tl.associative_scan((tl.exp(dt_next * a_col[None, :]), dy * c_col[:, None]), 0,
-                                               _linear_recurrence, reverse=True)
+        alpha_cum, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None], FLIP_SCAN)
         g = g_loc + alpha_cum * tl.load(X + s_off + n, mask=d_mask, other=0.0)[None, :]
         g_hb = g * (h - b)                                                 # g a h[t-1]
         gb_sum += g * b_col[:, None]
@@ -276,6 +308,18 @@ def _as_channels_first(t: torch.Tensor) -> torch.Tensor:
     return t if dense else t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def _state_major(x: torch.Tensor) -> torch.Tensor:
+    """B or C, (batch, seqlen, dstate), as float32 with the steps adjacent in memory (a view of
+    (batch, dstate, seqlen)). Each thread then reads its run of steps of state n in one vector
+    load, already float32: read as given (dstate contiguous, 16-bit), a state's column took one
+    scalar load, a 64-bit address and a conversion per step, a third of the output pass's
+    instructions (sm_90 SASS, benchmarks/NOTES.md). The copy is small: dstate values per step
+    against the dim-wide u, delta and z."""
+    if x.dtype == torch.float32 and x.stride(1) == 1 and x.stride(2) == x.shape[1]:
+        return x
+    return x.float().transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _empty_channels_first(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     b, n, d = like.shape
     return torch.empty(b, d, n, device=like.device, dtype=dtype).transpose(1, 2)
@@ -285,7 +329,7 @@ def _cfg(dim: int, dstate: int, interpreted: bool) -> dict:
     # The chunk length must be scan.py's: the chunk states are shared (the backward may be either).
     chunk = _blocks(dim, dstate, interpreted)["CHUNK"]
     warps = 1 if interpreted else 8
-    return dict(CHUNK=chunk, BLOCK_D=8 * warps, num_warps=warps)
+    return dict(CHUNK=chunk, BLOCK_D=8 * warps, FAST_EXP=not interpreted, num_warps=warps)
 
 
 def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None, delta_bias=None,
@@ -295,6 +339,7 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     batch, seqlen, dim = u.shape
     dstate = A.shape[1]
     cfg = _cfg(dim, dstate, interpreted)
+    B, C = _state_major(B), _state_major(C)
     n_chunks = triton.cdiv(seqlen, cfg["CHUNK"])
     grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     s_loc, decay, h0 = (torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
@@ -321,6 +366,7 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     batch, seqlen, dim = u.shape
     dstate = A.shape[1]
     cfg = _cfg(dim, dstate, interpreted)
+    B, C = _state_major(B), _state_major(C)
     n_chunks = h0.shape[1]
     grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     dout = _as_channels_first(dout)
@@ -331,7 +377,7 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     _cf_bwd_local_kernel[grid](delta, bias, A, C, dout, gate, y_loc, seqlen, dim, dstate, *_strides3(delta),
                                A.stride(0), A.stride(1), *_strides3(C), *_strides3(dout), *_strides3(gate),
                                *s_strides, HAS_BIAS=flags["HAS_BIAS"], SOFTPLUS=flags["SOFTPLUS"],
-                               HAS_Z=flags["HAS_Z"], **cfg)
+                               HAS_Z=flags["HAS_Z"], FLIP_SCAN=_flip_reverse_scan(interpreted), **cfg)
     _carry_walk(y_loc, decay, carried, True, _blocks(dim, dstate, interpreted))
     del y_loc
     # The gradient kernel writes du, ddelta and dz with dout's strides; dout is dense, so
@@ -351,7 +397,8 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
                            dc_part, dd_part, dbias_part, seqlen, dim, dstate, *_strides3(u), *_strides3(delta),
                            A.stride(0), A.stride(1), *_strides3(B), *_strides3(C), *_strides3(gate),
                            *_strides3(dout), *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2),
-                           n_chunks * dim, dim, **flags, ATOMIC=not deterministic, **cfg)
+                           n_chunks * dim, dim, **flags, ATOMIC=not deterministic,
+                           FLIP_SCAN=_flip_reverse_scan(interpreted), **cfg)
     del carried
     dD, dbias = (None if t is None else t.sum((0, 1)) for t in vec_part)
     return (du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0), dD, dz if z is not None else None,
