@@ -89,6 +89,21 @@ def _state_column(X, off_b, t0, n, stride_xb, stride_xl, stride_xn, offs_t, n_t)
 
 
 @triton.jit
+def _a_column(A, n, d0, offs_d, d_mask, stride_ad, stride_an):
+    """A[d0:d0+BLOCK_D, n], (BLOCK_D,) float32."""
+    return tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
+
+
+@triton.jit
+def _next_state(n, dstate):
+    """The state whose columns a loop over states requests while it works on state n: n + 1,
+    or n again on the last (a load of the same addresses, never used). Requested a whole state
+    ahead, their global-memory latency hides behind the scan of state n: the loads do not feed
+    a dot, so Triton's pipeliner leaves them where they are written."""
+    return tl.minimum(n + 1, dstate - 1)
+
+
+@triton.jit
 def _tile_at(X, off_b, t0, d0, stride_xb, stride_xl, stride_xd, offs_t, offs_d, n_t, n_d):
     return _tile_2d(X + off_b.to(tl.int64) * stride_xb + t0.to(tl.int64) * stride_xl + d0 * stride_xd,
                     stride_xl, stride_xd, offs_t, offs_d, n_t, n_d)
@@ -110,15 +125,12 @@ def _cf_chunk_prologue(U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_
 
 
 @triton.jit
-def _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an, stride_bb,
-                   stride_bl, stride_bn, FAST_EXP: tl.constexpr):
-    """State n's forward scan over the chunk from a zero start: (A[:, n], B[:, n], b, the
-    cumulative decays, h_loc)."""
-    a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
-    b_col = _state_column(B, off_b, t0, n, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+def _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP: tl.constexpr):
+    """One state's forward scan over the chunk from a zero start, given its A and B columns:
+    (b = dt u B, the cumulative decays, h_loc)."""
     b = dtu * b_col[:, None]
     a_cum, h_loc = tl.associative_scan((_decay(dt, (a_col * LOG2E)[None, :], FAST_EXP), b), 0, _linear_recurrence)
-    return a_col, b_col, b, a_cum, h_loc
+    return b, a_cum, h_loc
 
 
 @triton.jit
@@ -133,9 +145,13 @@ def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
         U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
         stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
+    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
+    b_nxt = _state_column(B, off_b, t0, 0, stride_bb, stride_bl, stride_bn, offs_t, n_t)
     for n in range(0, dstate):
-        _, _, _, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
-                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn, FAST_EXP)
+        a_col, b_col = a_nxt, b_nxt
+        a_nxt = _a_column(A, _next_state(n, dstate), d0, offs_d, d_mask, stride_ad, stride_an)
+        b_nxt = _state_column(B, off_b, t0, _next_state(n, dstate), stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        _, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
         tl.store(S_LOC + s_off + n, _time_row(h_loc, offs_t, CHUNK - 1), mask=d_mask)
         tl.store(P + s_off + n, _time_row(a_cum, offs_t, CHUNK - 1), mask=d_mask)
 
@@ -156,11 +172,18 @@ def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dst
         stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
+    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
+    b_nxt = _state_column(B, off_b, t0, 0, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+    c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+    h_nxt = tl.load(H + s_off, mask=d_mask, other=0.0)
     for n in range(0, dstate):
-        _, _, _, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
-                                               stride_ad, stride_an, stride_bb, stride_bl, stride_bn, FAST_EXP)
-        c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
-        h_init = tl.load(H + s_off + n, mask=d_mask, other=0.0)
+        a_col, b_col, c_col, h_init = a_nxt, b_nxt, c_nxt, h_nxt
+        m = _next_state(n, dstate)
+        a_nxt = _a_column(A, m, d0, offs_d, d_mask, stride_ad, stride_an)
+        b_nxt = _state_column(B, off_b, t0, m, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        c_nxt = _state_column(C, off_b, t0, m, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        h_nxt = tl.load(H + s_off + m, mask=d_mask, other=0.0)
+        _, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
         y += c_col[:, None] * (h_loc + a_cum * h_init[None, :])
     if HAS_D:
         y += u * _channel_vector(D, d0, dim, offs_d, HAS_D, BLOCK_D)[None, :]
@@ -213,9 +236,12 @@ def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, d
                                            stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb,
                                            stride_zl, stride_zd, offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS, HAS_Z)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
+    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
+    c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
     for n in range(0, dstate):
-        a_col = tl.load(A + (d0 + offs_d) * stride_ad + n * stride_an, mask=d_mask, other=0.0)
-        c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        a_col, c_col = a_nxt, c_nxt
+        a_nxt = _a_column(A, _next_state(n, dstate), d0, offs_d, d_mask, stride_ad, stride_an)
+        c_nxt = _state_column(C, off_b, t0, _next_state(n, dstate), stride_cb, stride_cl, stride_cn, offs_t, n_t)
         _, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None], FLIP_SCAN)
         tl.store(Y_LOC + s_off + n, _decay(dt_first, a_col * LOG2E, FAST_EXP) * _time_row(g_loc, offs_t, 0), mask=d_mask)
 
@@ -252,13 +278,23 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
     gb_sum = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)  # sum_n g B
     ddt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)     # dL/d dt: sum_n A g (h - b), + u gb_sum below
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)       # the core's output, for dz
+    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
+    b_nxt = _state_column(B, off_b, t0, 0, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+    c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+    h_nxt = tl.load(H + s_off, mask=d_mask, other=0.0)
+    x_nxt = tl.load(X + s_off, mask=d_mask, other=0.0)
     for n in range(0, dstate):
-        a_col, b_col, b, a_cum, h_loc = _cf_state_scan(A, B, n, off_b, t0, d0, dt, dtu, offs_t, offs_d, n_t, d_mask,
-                                                       stride_ad, stride_an, stride_bb, stride_bl, stride_bn, FAST_EXP)
-        c_col = _state_column(C, off_b, t0, n, stride_cb, stride_cl, stride_cn, offs_t, n_t)
-        h = h_loc + a_cum * tl.load(H + s_off + n, mask=d_mask, other=0.0)[None, :]
+        a_col, b_col, c_col, h_init, x_init = a_nxt, b_nxt, c_nxt, h_nxt, x_nxt
+        m = _next_state(n, dstate)
+        a_nxt = _a_column(A, m, d0, offs_d, d_mask, stride_ad, stride_an)
+        b_nxt = _state_column(B, off_b, t0, m, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        c_nxt = _state_column(C, off_b, t0, m, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        h_nxt = tl.load(H + s_off + m, mask=d_mask, other=0.0)
+        x_nxt = tl.load(X + s_off + m, mask=d_mask, other=0.0)
+        b, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
+        h = h_loc + a_cum * h_init[None, :]
         alpha_cum, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None], FLIP_SCAN)
-        g = g_loc + alpha_cum * tl.load(X + s_off + n, mask=d_mask, other=0.0)[None, :]
+        g = g_loc + alpha_cum * x_init[None, :]
         g_hb = g * (h - b)                                                 # g a h[t-1]
         gb_sum += g * b_col[:, None]
         ddt += g_hb * a_col[None, :]
