@@ -23,6 +23,7 @@ import torch
 import triton
 
 import genoflash.ops.mamba as mamba_ops
+import genoflash.ops.mamba.scan_channels_first  # noqa: F401 - the attribute the probe swaps
 from genoflash.bench.mixers import scan_bandwidth
 
 
