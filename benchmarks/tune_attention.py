@@ -11,6 +11,7 @@ two passes are chosen one after the other. Stops starting new candidates after -
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -22,7 +23,7 @@ import triton.testing
 
 from genoflash.ops.attention.args import AttentionArgs
 from genoflash.ops.attention.backward import attention_backward
-from genoflash.ops.attention.configs import (BackwardConfig, TileConfig, backward_config, forward_config,
+from genoflash.ops.attention.configs import (TileConfig, backward_config, forward_config,
                                              override_configs)
 from genoflash.ops.attention.forward import attention_forward
 
@@ -38,6 +39,11 @@ SETS = {
     # The dK/dV pass alone at hd128 (2026-11-30 profile: it executes 533 / 465 TF/s non-causal /
     # causal against the dQ pass's 646 / 704; benchmarks/bwd_profile.py).
     "dkdv128": [(1, 16, 16384, 128, 128, False, None), (1, 16, 16384, 128, 128, True, None)],
+    # RoPE's backward without register spills: at the tile table's 64x128 dK/dV and 128x64 s3 dQ
+    # the sm_90 compile spills (104 / 34 stores with 16-bit tables, 264 / 48 with fp32;
+    # offline_compile.py rope-bf16 128); these candidates compile without (2026-11-30).
+    "rope-spills": [(1, 16, 16384, 128, 128, False, None, torch.float16),
+                    (1, 16, 16384, 128, 128, False, None, torch.float32)],
 }
 FWD = [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 128, 8, 3),
                                 (128, 32, 8, 3)]]
@@ -46,6 +52,8 @@ DKDV = [TileConfig(*c) for c in [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 
 DQ = [TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 8, 2)]]
 # RoPE streams cos/sin tiles beside K (or Q): fewer stages or narrower tiles to fit shared memory.
 CANDIDATES = {
+    "rope-spills": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 8, 3)]],
+                    [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3)]]),
     "dkdv128": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)]],
                 []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],
@@ -67,18 +75,27 @@ def main() -> None:
     start = time.time()
     results = []
 
-    def bench(shape, pass_name, cfg, fn, fwd_cfg=None, bwd_cfg=None):
+    def bench(shape, pass_name, cfg, fn, fwd_cfg=None, bwd_cfg=None, reference=None):
+        """Time fn under the forced tiles. With reference (the default tiles' outputs), also the
+        largest difference from it relative to its largest magnitude, so that a candidate whose
+        compiled kernel computes something else shows before it is chosen."""
         if time.time() - start > args.budget:
             return None
         try:
             with override_configs(fwd_cfg, bwd_cfg):
                 ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                got = fn() if reference is not None else None
         except Exception as exc:  # out of shared memory or registers: not a candidate
             results.append(dict(shape=shape, pass_=pass_name, cfg=vars(cfg), error=str(exc)[:120]))
             return None
-        results.append(dict(shape=shape, pass_=pass_name, cfg=vars(cfg), ms=ms))
+        row = dict(shape=shape, pass_=pass_name, cfg=vars(cfg), ms=ms)
+        if got is not None:
+            row["max_rel_diff_vs_default"] = max(((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                                                 for g, r in zip(got, reference))
+        results.append(row)
         print(f"{shape} {pass_name:5s} {cfg.block_m:3d}x{cfg.block_n:<3d} w{cfg.num_warps} s{cfg.num_stages}: "
-              f"{ms:8.3f} ms", flush=True)
+              f"{ms:8.3f} ms" + (f"  diff {row['max_rel_diff_vs_default']:.1e}" if got is not None else ""),
+              flush=True)
         return ms
 
     for set_name in args.set.split(","):
@@ -106,12 +123,15 @@ def main() -> None:
             for cfg in fwd_candidates:
                 bench(shape, "fwd", cfg, lambda: attention_forward(q, k, v, a), fwd_cfg=cfg)
             backward = lambda: attention_backward(dout, q, k, v, out, lse, a)  # noqa: E731
-            timed = [(bench(shape, "dkdv", c, backward, bwd_cfg=BackwardConfig(c, default_bwd.dq)), c)
+            reference = backward()
+            timed = [(bench(shape, "dkdv", c, backward, bwd_cfg=dataclasses.replace(default_bwd, dkdv=c),
+                            reference=reference), c)
                      for c in dkdv_candidates]
             timed = [t for t in timed if t[0] is not None]
             best_dkdv = min(timed, key=lambda t: t[0])[1] if timed else default_bwd.dkdv
             for cfg in dq_candidates:
-                bench(shape, "dq", cfg, backward, bwd_cfg=BackwardConfig(best_dkdv, cfg))
+                bench(shape, "dq", cfg, backward, bwd_cfg=dataclasses.replace(default_bwd, dkdv=best_dkdv, dq=cfg),
+                      reference=reference)
             del q, k, v, dout, out, lse
             torch.cuda.empty_cache()
     if args.json:
