@@ -137,7 +137,8 @@ def _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP: tl.constexpr):
 def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
                      stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
                      stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
-                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SOFTPLUS: tl.constexpr):
     """Pass 1: each chunk's final state from a zero start (S_c) and its decay (P_c), state by state."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
     t0 = chunk * CHUNK
@@ -161,8 +162,8 @@ def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dst
                    stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
                    stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn, stride_zb, stride_zl, stride_zd,
                    stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
-                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                   HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
     """Pass 3: y = sum_n C[:, n] h_n accumulated state by state from the chunk's true initial
     states, then out = (y + u D) silu(z), rounded once to OUT's dtype."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
@@ -219,8 +220,9 @@ def _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim,
 def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, dstate,
                          stride_db, stride_dl, stride_dd, stride_ad, stride_an, stride_cb, stride_cl, stride_cn,
                          stride_ob, stride_ol, stride_od, stride_zb, stride_zl, stride_zd, stride_sb, stride_sc,
-                         stride_sd, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr, FLIP_SCAN: tl.constexpr):
+                         stride_sd, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr,
+                         FLIP_SCAN: tl.constexpr):
     """Backward pass 1: a[first] g_loc[first] per state, what each chunk hands to the one before
     it from its own dy."""
     off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
@@ -242,8 +244,10 @@ def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, d
         a_col, c_col = a_nxt, c_nxt
         a_nxt = _a_column(A, _next_state(n, dstate), d0, offs_d, d_mask, stride_ad, stride_an)
         c_nxt = _state_column(C, off_b, t0, _next_state(n, dstate), stride_cb, stride_cl, stride_cn, offs_t, n_t)
-        _, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None], FLIP_SCAN)
-        tl.store(Y_LOC + s_off + n, _decay(dt_first, a_col * LOG2E, FAST_EXP) * _time_row(g_loc, offs_t, 0), mask=d_mask)
+        _, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None],
+                                 FLIP_SCAN)
+        tl.store(Y_LOC + s_off + n, _decay(dt_first, a_col * LOG2E, FAST_EXP) * _time_row(g_loc, offs_t, 0),
+                 mask=d_mask)
 
 
 @triton.jit
@@ -253,8 +257,9 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
                      stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
                      stride_zb, stride_zl, stride_zd, stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
                      stride_pk, stride_pb, stride_pl, stride_vb, stride_vc,
-                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, ATOMIC: tl.constexpr, FLIP_SCAN: tl.constexpr):
+                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, ATOMIC: tl.constexpr,
+                     FLIP_SCAN: tl.constexpr):
     """Backward pass 3, state by state: for each n, h_n (forward rescan from H_c) and g_n
     (reverse rescan with X_c), their terms of du, ddelta and dz accumulated in registers, and
     dA[:, n], dB[:, n], dC[:, n] written at once. DU, DDELTA and DZ have DOUT's strides (the
@@ -293,7 +298,8 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
         x_nxt = tl.load(X + s_off + m, mask=d_mask, other=0.0)
         b, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
         h = h_loc + a_cum * h_init[None, :]
-        alpha_cum, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None], FLIP_SCAN)
+        alpha_cum, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None],
+                                         FLIP_SCAN)
         g = g_loc + alpha_cum * x_init[None, :]
         g_hb = g * (h - b)                                                 # g a h[t-1]
         gb_sum += g * b_col[:, None]
