@@ -253,3 +253,14 @@ def test_bench_quality_tables_accuracy_against_distance(tmp_path, capsys):
         quality.collect([tmp_path / "nowhere"])
     with pytest.raises(ValueError, match="more than one run"):
         quality.collect([tmp_path / "L2048-G,H", tmp_path / "L8192", tmp_path / "L2048-G,H"])
+
+
+def test_kernel_breakdown_reports_wall_time_beside_the_kernels():
+    """`bench mixers --profile-seqlen`'s record of one layer: its op times (CPU here, CUDA kernels
+    on the GPU) and the call's wall time beside their total, so that a host-bound layer shows."""
+    import torch
+
+    from genoflash.bench.mixers import kernel_breakdown
+    entry = kernel_breakdown("hyena", 16, 64, torch.device("cpu"), torch.float32, top=5)
+    assert entry["wall_ms"] > 0 and entry["total_kernel_ms"] > 0
+    assert 0 < len(entry["top"]) <= 5 and all(r["ms"] > 0 and r["calls"] >= 1 for r in entry["top"])
