@@ -103,7 +103,13 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 
     u, delta, z: (batch, seqlen, dim); A: (dim, dstate), negative; B, C: (batch, seqlen, dstate);
     D, delta_bias: (dim,). Differentiable in every tensor argument. `deterministic=False` lets
-    the triton backward sum dB and dC with atomics (less memory, order-dependent rounding)."""
+    the triton backward sum dB and dC with atomics (less memory, order-dependent rounding).
+
+    Layout: u and delta given as (batch, seqlen, dim) views of (batch, dim, seqlen) memory (time
+    contiguous, mamba-ssm's layout; `x.transpose(1, 2)` of a channels-first tensor) take the
+    faster state-loop kernels (scan_channels_first.py; 2.1x forward, 2.4x backward at 1M x 512
+    on the H200), and the output comes back in that layout. Dense (batch, seqlen, dim) tensors
+    take scan.py's kernels. The Mamba block makes its activations channels-first for this."""
     _check(u, delta, A, B, C, D, z, delta_bias)
     backend = select_backend(u.device)
     if backend != "triton":
