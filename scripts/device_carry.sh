@@ -16,7 +16,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     --platform manylinux_2_17_x86_64 -d .whl "pyfaidx>=0.8" einops 2>&1 | grep -v "is ignored" || true
 if [[ ! -f .peers/mamba_ssm/ops/triton/ssd_combined.py ]]; then
     tmp=$(mktemp -d)
-    MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE python3 -m pip download -q --no-deps \
+    # Preparing mamba-ssm's metadata imports torch and needs wheel: the dev venv has both (the
+    # system python3 may not, and then nothing is downloaded).
+    py=python3
+    [[ -x .venv/bin/python ]] && py=.venv/bin/python
+    MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE $py -m pip download -q --no-deps \
         --no-binary=:all: --no-build-isolation mamba-ssm==2.3.2.post1 -d "$tmp" 2>&1 | grep -v "is ignored" || true
     if compgen -G "$tmp/mamba_ssm-*.tar.gz" > /dev/null; then
         tar xzf "$tmp"/mamba_ssm-*.tar.gz -C "$tmp"
