@@ -99,5 +99,6 @@ def main() -> None:
         q = k = v = whole = variants = None  # free before the next length
         torch.cuda.empty_cache()
 
+
 if __name__ == "__main__":
     main()

@@ -82,9 +82,9 @@ def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k,
 
 def test_default_chunking_stands_aside_where_it_cannot_help_or_fit(monkeypatch):
     """The default split (FORWARD_KEY_CHUNK) applies to long keys on the GPU only, not under a
-    causal or window mask (slower causal on the H200; a window bounds the keys read), and not when its float32 state
-    would take more than the allowed share of free memory. The device's memory is faked so that
-    this runs on the CPU too."""
+    causal or window mask (slower causal on the H200; a window bounds the keys read), and not
+    when its float32 state would take more than the allowed share of free memory. The device's
+    memory is faked so that this runs on the CPU too."""
     from genoflash.ops.attention import configs
     cuda = torch.device("cuda")
     gib = 2**30
