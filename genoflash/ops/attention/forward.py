@@ -314,7 +314,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     chunk = None if a.varlen else forward_key_chunk(
         seqlen_k, cfg.block_n, q.device, masked=a.window_left >= 0 or a.window_right >= 0,
         state_bytes=batch * nheads * seqlen_q * (head_dim_v + 2) * 4)
-    if chunk is None or a.varlen or seqlen_k <= chunk:
+    if chunk is None or seqlen_k <= chunk:  # varlen never chunks (chunk is None above)
         ranges = [(0, seqlen_k)]
         acc_state = ml_state = lse  # placeholders: nothing reads them
     else:

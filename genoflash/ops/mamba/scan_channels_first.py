@@ -95,6 +95,15 @@ def _a_column(A, n, d0, offs_d, d_mask, stride_ad, stride_an):
 
 
 @triton.jit
+def _state_columns(A, X, n, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an, stride_xb, stride_xl,
+                   stride_xn):
+    """State n's A column, (BLOCK_D,), and its column of X (B or C) over the chunk, (CHUNK,):
+    what every loop over states reads per state."""
+    return (_a_column(A, n, d0, offs_d, d_mask, stride_ad, stride_an),
+            _state_column(X, off_b, t0, n, stride_xb, stride_xl, stride_xn, offs_t, n_t))
+
+
+@triton.jit
 def _next_state(n, dstate):
     """The state whose columns a loop over states requests while it works on state n: n + 1,
     or n again on the last (a load of the same addresses, never used). Requested a whole state
@@ -146,12 +155,12 @@ def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
         U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
         stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
-    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
-    b_nxt = _state_column(B, off_b, t0, 0, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+    a_nxt, b_nxt = _state_columns(A, B, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
+                                  stride_bb, stride_bl, stride_bn)
     for n in range(0, dstate):
         a_col, b_col = a_nxt, b_nxt
-        a_nxt = _a_column(A, _next_state(n, dstate), d0, offs_d, d_mask, stride_ad, stride_an)
-        b_nxt = _state_column(B, off_b, t0, _next_state(n, dstate), stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        a_nxt, b_nxt = _state_columns(A, B, _next_state(n, dstate), off_b, t0, d0, offs_t, offs_d, n_t, d_mask,
+                                      stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
         _, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
         tl.store(S_LOC + s_off + n, _time_row(h_loc, offs_t, CHUNK - 1), mask=d_mask)
         tl.store(P + s_off + n, _time_row(a_cum, offs_t, CHUNK - 1), mask=d_mask)
@@ -173,15 +182,15 @@ def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dst
         stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
-    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
-    b_nxt = _state_column(B, off_b, t0, 0, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+    a_nxt, b_nxt = _state_columns(A, B, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
+                                  stride_bb, stride_bl, stride_bn)
     c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
     h_nxt = tl.load(H + s_off, mask=d_mask, other=0.0)
     for n in range(0, dstate):
         a_col, b_col, c_col, h_init = a_nxt, b_nxt, c_nxt, h_nxt
         m = _next_state(n, dstate)
-        a_nxt = _a_column(A, m, d0, offs_d, d_mask, stride_ad, stride_an)
-        b_nxt = _state_column(B, off_b, t0, m, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        a_nxt, b_nxt = _state_columns(A, B, m, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
+                                      stride_bb, stride_bl, stride_bn)
         c_nxt = _state_column(C, off_b, t0, m, stride_cb, stride_cl, stride_cn, offs_t, n_t)
         h_nxt = tl.load(H + s_off + m, mask=d_mask, other=0.0)
         _, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
@@ -238,12 +247,12 @@ def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, d
                                            stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb,
                                            stride_zl, stride_zd, offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS, HAS_Z)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
-    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
-    c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+    a_nxt, c_nxt = _state_columns(A, C, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
+                                  stride_cb, stride_cl, stride_cn)
     for n in range(0, dstate):
         a_col, c_col = a_nxt, c_nxt
-        a_nxt = _a_column(A, _next_state(n, dstate), d0, offs_d, d_mask, stride_ad, stride_an)
-        c_nxt = _state_column(C, off_b, t0, _next_state(n, dstate), stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        a_nxt, c_nxt = _state_columns(A, C, _next_state(n, dstate), off_b, t0, d0, offs_t, offs_d, n_t, d_mask,
+                                      stride_ad, stride_an, stride_cb, stride_cl, stride_cn)
         _, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None],
                                  FLIP_SCAN)
         tl.store(Y_LOC + s_off + n, _decay(dt_first, a_col * LOG2E, FAST_EXP) * _time_row(g_loc, offs_t, 0),
@@ -283,16 +292,16 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
     gb_sum = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)  # sum_n g B
     ddt = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)     # dL/d dt: sum_n A g (h - b), + u gb_sum below
     y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)       # the core's output, for dz
-    a_nxt = _a_column(A, 0, d0, offs_d, d_mask, stride_ad, stride_an)
-    b_nxt = _state_column(B, off_b, t0, 0, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+    a_nxt, b_nxt = _state_columns(A, B, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
+                                  stride_bb, stride_bl, stride_bn)
     c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
     h_nxt = tl.load(H + s_off, mask=d_mask, other=0.0)
     x_nxt = tl.load(X + s_off, mask=d_mask, other=0.0)
     for n in range(0, dstate):
         a_col, b_col, c_col, h_init, x_init = a_nxt, b_nxt, c_nxt, h_nxt, x_nxt
         m = _next_state(n, dstate)
-        a_nxt = _a_column(A, m, d0, offs_d, d_mask, stride_ad, stride_an)
-        b_nxt = _state_column(B, off_b, t0, m, stride_bb, stride_bl, stride_bn, offs_t, n_t)
+        a_nxt, b_nxt = _state_columns(A, B, m, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
+                                      stride_bb, stride_bl, stride_bn)
         c_nxt = _state_column(C, off_b, t0, m, stride_cb, stride_cl, stride_cn, offs_t, n_t)
         h_nxt = tl.load(H + s_off + m, mask=d_mask, other=0.0)
         x_nxt = tl.load(X + s_off + m, mask=d_mask, other=0.0)
