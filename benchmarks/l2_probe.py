@@ -25,6 +25,7 @@ default), causal as well, and the default beside them ("whole" is one launch, ke
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 
@@ -63,7 +64,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    meta = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="seconds"), torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("GENOFLASH_COMMIT", "unknown"),
                 method="do_bench median; merged = one forward per key chunk (return_lse) + an lse merge in torch")
     for n in (65536, 262144):

@@ -15,6 +15,7 @@ committed) and the working tree's.
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import json
 import os
@@ -52,7 +53,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     with open(args.out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                       timespec="seconds"), torch=torch.__version__, triton=triton.__version__,
                        commit=os.environ.get("GENOFLASH_COMMIT", "unknown"), rows=rows), f, indent=1)
 
 
