@@ -11,7 +11,8 @@ selective scan; --channels-first: its state-loop kernels) or probe (plain, plus 
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
 forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
-forward over chunks of N keys.
+forward over chunks of N keys; --causal, --softcap X and --alibi add those features. A kernel
+whose wgmma ptxas serialized (note C7515: no tensor-core pipelining) is marked WGMMA-SERIALIZED.
 """
 
 from __future__ import annotations
@@ -71,7 +72,12 @@ def ptxas_report(kernel) -> str:
                          capture_output=True, text=True)
     regs = re.search(r"Used (\d+) registers", out.stderr)
     spill = re.search(r"(\d+) bytes spill stores", out.stderr)
-    return f"regs {regs.group(1) if regs else '?'} spill-stores {spill.group(1) if spill else '?'}"
+    report = f"regs {regs.group(1) if regs else '?'} spill-stores {spill.group(1) if spill else '?'}"
+    # ptxas note C7515: it made every wgmma of the kernel wait for the one before (no tensor-core
+    # pipelining), e.g. when a non-wgmma instruction writes an accumulator inside a pipeline stage.
+    if "C7515" in out.stderr:
+        report += " WGMMA-SERIALIZED"
+    return report
 
 
 def _opcode(instruction: str) -> str:
@@ -150,6 +156,9 @@ def main(argv):
     parser.add_argument("--sass", help="directory: write each kernel's SASS there and print its opcode counts")
     parser.add_argument("--key-chunk", type=int,
                         help="the forward over chunks of this many keys (configs.forward_key_chunk): its launches")
+    parser.add_argument("--causal", action="store_true", help="causal (with window: both)")
+    parser.add_argument("--softcap", type=float, default=0.0)
+    parser.add_argument("--alibi", action="store_true", help="ALiBi slopes, one per head")
     parser.add_argument("--channels-first", action="store_true",
                         help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
@@ -226,6 +235,12 @@ def main(argv):
                 ops = dump_sass(kernel, os.path.join(args.sass, f"{name}-{seen_kernels[name]}.sass"))
                 print("    " + " ".join(f"{op} {n}" for op, n in ops.most_common(16)))
         return
+    if args.causal:
+        kw["causal"] = True
+    if args.softcap:
+        kw["softcap"] = args.softcap
+    if args.alibi:
+        kw["alibi_slopes"] = torch.rand(h)
     fwd = _tiles(args.fwd) if args.fwd else None
     bwd = None
     if args.fused:

@@ -66,9 +66,8 @@ def _attn_bwd_preprocess_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         q_desc, dq_base, dq_desc, stride_dqm, off_b, off_h, start_n, lo, hi, seqlen_q, seqlen_k,
-                         window_left,
-                         window_right, qk_scale_log2,
+                         q_desc, dq_base, dq_desc, stride_dqm, off_b, off_h, start_n, lo, mid_lo, mid_hi, hi,
+                         seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -77,10 +76,11 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                          ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
-                         DQ_TMA: tl.constexpr):
+                         EDGES_ONLY: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+                         FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     """Accumulate one key tile's dK (unscaled, rotated frame, as groups a/b/p) and dV over
-    query rows [lo, hi) of one head.
+    query rows [lo, hi) of one head. MASKED masks the scores of every query tile; with
+    EDGES_ONLY as well, only those outside [mid_lo, mid_hi), which straddle a mask boundary.
 
     Works in the transposed frame (keys down, queries across) so that dK and dV come out
     of the dots in the layout they are stored in. Rows past seqlen_q read as q = dO = 0
@@ -116,7 +116,12 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
         if HAS_ALIBI:
             sT += _alibi_bias(rows, cols, seqlen_q, seqlen_k, slope_raw)
         if MASKED:
-            sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+            if EDGES_ONLY:  # a branch around the mask, taken by the whole tiles inside the band
+                if (start_m < mid_lo) | (start_m >= mid_hi):
+                    sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
+                                      HAS_RIGHT)
+            else:
+                sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         pT = tl.math.exp2(sT * qk_scale_log2 - lse2[None, :])
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:  # dV sees the dropped P; dP flows back through the kept scores only
@@ -205,34 +210,53 @@ def _attn_bwd_dkdv_kernel(
         if HAS_ALIBI:
             slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
         bh = off_b * (nheads_k * kv_group) + off_h  # the dropout stream of this (sequence, query head)
-        # Bottom edge of a window / the causal diagonal, whole visible tiles, top window edge.
-        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+        if HAS_LEFT or HAS_RIGHT:
+            # One loop over every visible query tile, the masked edges (the causal diagonal, a
+            # window's two edges) included. As three loops (masked edge, whole tiles, masked edge,
+            # as the forward and the dQ pass have them) ptxas serialised every wgmma of this kernel
+            # (its note C7515 at sm_90; benchmarks/offline_compile.py marks such kernels
+            # WGMMA-SERIALIZED): the dK/dV accumulators flow from one loop into the next.
+            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
-                                      off_b, off_h,
-                                      start_n, lo, mid_lo, seqlen_q, seqlen_k, window_left, window_right,
+                                      off_b, off_h, start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
+                                      window_left, window_right,
+                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
+                                      dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      HAS_DROPOUT, True, True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+        else:
+            # Full attention: the whole tiles' loop between two edge loops that are empty at run
+            # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
+            # full attention's loop took 536 instructions against 520), and this is the form the
+            # tile table was measured with.
+            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+                                      off_b, off_h, start_n, lo, mid_lo, mid_hi, mid_lo, seqlen_q, seqlen_k,
+                                      window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+                                      True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
-                                      off_b, off_h,
-                                      start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      off_b, off_h, start_n, mid_lo, mid_lo, mid_hi, mid_hi, seqlen_q, seqlen_k,
+                                      window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-        dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+                                      False, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
-                                      off_b, off_h,
-                                      start_n, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right,
+                                      off_b, off_h, start_n, mid_hi, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
+                                      window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+                                      True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
 
     # dk is w.r.t. the rotated keys; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),

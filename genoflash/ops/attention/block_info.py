@@ -78,7 +78,12 @@ def _q_block_range(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK
     else:
         hi = seqlen_q
         mid_hi = seqlen_q
-    lo = tl.minimum(lo, hi)
+    if HAS_LEFT or HAS_RIGHT:
+        # An empty range is lo == hi (hi raised to lo, as in _kv_block_range), so that lo stays a
+        # multiple of BLOCK_M the compiler can see: query tiles then load as aligned vectors.
+        hi = tl.maximum(hi, lo)
+    else:
+        lo = tl.minimum(lo, hi)  # lo = 0; kept as it was for the sm_90 compile the tile table measured
     empty_middle = mid_hi <= mid_lo
     mid_lo = tl.where(empty_middle, lo, mid_lo)
     mid_hi = tl.where(empty_middle, lo, mid_hi)
