@@ -11,7 +11,7 @@ selective scan; --channels-first: its state-loop kernels) or probe (plain, plus 
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
 forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
-forward over chunks of N keys; --causal, --softcap X and --alibi add those features. A kernel
+forward over chunks of N keys; --causal, --softcap X, --alibi and --varlen add those features. A kernel
 whose wgmma ptxas serialized (note C7515: no tensor-core pipelining) is marked WGMMA-SERIALIZED.
 """
 
@@ -159,6 +159,7 @@ def main(argv):
     parser.add_argument("--causal", action="store_true", help="causal (with window: both)")
     parser.add_argument("--softcap", type=float, default=0.0)
     parser.add_argument("--alibi", action="store_true", help="ALiBi slopes, one per head")
+    parser.add_argument("--varlen", action="store_true", help="flash_attn_varlen_func, two sequences (300 + 724)")
     parser.add_argument("--channels-first", action="store_true",
                         help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
@@ -255,7 +256,11 @@ def main(argv):
     with genoflash.use_backend("triton"), configs.override_configs(
             fwd, bwd, one_pass=True if args.fused else None, dq_rope_by_tma=True if args.dq_rope_tma else None,
             key_chunk=args.key_chunk):
-        out = genoflash.flash_attn_func(q, k, v, **kw)
+        if args.varlen:
+            cu = torch.tensor([0, 300, n], dtype=torch.int32)
+            out = genoflash.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 724, 724, **kw)
+        else:
+            out = genoflash.flash_attn_func(q, k, v, **kw)
         out.backward(torch.randn_like(out))
     if case == "probe":  # beside them, fwd_variants_probe.py's minimal TMA forward at the same tile
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

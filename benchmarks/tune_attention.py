@@ -42,6 +42,10 @@ SETS = {
     # RoPE's backward without register spills: at the tile table's 64x128 dK/dV and 128x64 s3 dQ
     # the sm_90 compile spills (104 / 34 stores with 16-bit tables, 264 / 48 with fp32;
     # offline_compile.py rope-bf16 128); these candidates compile without (2026-11-30).
+    # The masked dK/dV pass after it became one loop (ptxas no longer serialises its wgmma; 2026-11-30):
+    # are the causal tiles (s2, chosen while it was serialised) still the best?
+    "masked-dkdv": [(1, 16, 16384, 128, 128, True, None), (1, 8, 16384, 128, 128, False, (2048, 2048)),
+                    (1, 32, 16384, 64, 64, True, None)],
     "rope-spills": [(1, 16, 16384, 128, 128, False, None, torch.float16),
                     (1, 16, 16384, 128, 128, False, None, torch.float32)],
 }
@@ -56,6 +60,8 @@ CANDIDATES = {
                     [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3)]]),
     "dkdv128": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)]],
                 []),
+    "masked-dkdv": ([], [TileConfig(*c) for c in [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 4, 3),
+                                                  (32, 64, 4, 3)]], []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],
                 [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3)]],
                 [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3)]]),

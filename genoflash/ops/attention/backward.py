@@ -269,7 +269,7 @@ def _attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, k_desc,
-                       v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, hi,
+                       v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo, mid_hi, hi,
                        seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                        slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                        dropout_rescale,
@@ -279,8 +279,10 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                        ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                       INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
-    """Accumulate one query tile's dQ (unscaled, rotated frame, as groups a/b/p) over key tiles [lo, hi)."""
+                       EDGES_ONLY: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """Accumulate one query tile's dQ (unscaled, rotated frame, as groups a/b/p) over key tiles [lo, hi).
+    MASKED masks the scores of every key tile (and bounds its loads by seqlen_k); with EDGES_ONLY
+    as well, only the scores of those outside [mid_lo, mid_hi), which straddle a mask boundary."""
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -310,7 +312,12 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
         if HAS_ALIBI:
             s += _alibi_bias(rows, cols, seqlen_q, seqlen_k, slope_raw)
         if MASKED:
-            s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+            if EDGES_ONLY:  # a branch around the mask, taken by the whole tiles inside the band
+                if (start_n < mid_lo) | (start_n >= mid_hi):
+                    s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
+                                     HAS_RIGHT)
+            else:
+                s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p = tl.math.exp2(s * qk_scale_log2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
@@ -375,27 +382,47 @@ def _attn_bwd_dq_kernel(
 
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                            k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo,
+    if TMA:
+        # Masked edge, whole tiles, masked edge: three loops. K and V come by TMA (bounds handled
+        # by the copy engine), and this form compiled best at sm_90 (fewest loop instructions,
+        # no serialised wgmma).
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+                            start_m, lo, lo, hi, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
-    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                            k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, mid_lo, mid_hi,
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, False, INPUT_PRECISION, TMA)
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+                            start_m, mid_lo, lo, hi, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, HAS_DROPOUT, False, INPUT_PRECISION, TMA)
-    dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                            k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, mid_hi, hi,
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, False, False, INPUT_PRECISION, TMA)
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+                            start_m, mid_hi, lo, hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                             dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, False, INPUT_PRECISION, TMA)
+    else:
+        # Pointer loads (varlen, some RoPE layouts): one loop over every visible key tile, the
+        # masked edges included, loads bounded by seqlen_k. As three loops, ptxas serialised every
+        # wgmma of this kernel (note C7515 at sm_90; benchmarks/offline_compile.py --varlen marks
+        # it WGMMA-SERIALIZED), as it did the dK/dV pass's masked loops.
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+                            start_m, lo, mid_lo, mid_hi,
+                            hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
+                            slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                            ROTARY_INTERLEAVED, HAS_DROPOUT, True, True, INPUT_PRECISION, TMA)
     # dq is w.r.t. the rotated queries; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
                    dqa * softmax_scale, dqb * softmax_scale, dqp * softmax_scale, q_positions, offs_m,
