@@ -29,6 +29,15 @@ def test_mixed_lengths_add_up():
     assert sum(lengths) == 65536 and all(1 <= n <= 32768 for n in lengths)
 
 
+def test_features_saves_every_case_as_it_finishes(tmp_path):
+    path = tmp_path / "features.json"
+    saved = features._SavedList(path, {"device": "test"})
+    saved.append({"case": "window N=16384"})
+    assert json.loads(path.read_text()) == {"metadata": {"device": "test"}, "results": [{"case": "window N=16384"}]}
+    saved.append({"case": "window N=65536"})
+    assert [r["case"] for r in json.loads(path.read_text())["results"]] == ["window N=16384", "window N=65536"]
+
+
 def test_memory_floor_and_plot(tmp_path):
     assert memory.floor_bytes(1024, "fwd_bwd") == 8 * 1024 * 8 * 128 * 2 + 1024 * 8 * 4
     report = {"seqlens": [1024, 2048], "results": {"genoflash": {"fwd": {1024: 0.1, 2048: 0.2},

@@ -154,8 +154,22 @@ def unfused_rope_case(name, seqlen, nheads, cos, sin) -> dict:
             "features": {"separate_rotary_kernel": "torch.compile", "rotary_dim": 128}, **rec}
 
 
-def run(cases: list[str]) -> list[dict]:
-    results = []
+class _SavedList(list):
+    """The results so far, written to `path` (with the run's metadata) after every case, so that a
+    run cut short (the device tool's 10-minute calls) keeps the cases it finished."""
+
+    def __init__(self, path: Path | None, metadata: dict):
+        super().__init__()
+        self.path, self.metadata = path, metadata
+
+    def append(self, record: dict) -> None:
+        super().append(record)
+        if self.path is not None:
+            self.path.write_text(json.dumps({"metadata": self.metadata, "results": list(self)}, indent=1))
+
+
+def run(cases: list[str], results: list | None = None) -> list[dict]:
+    results = [] if results is None else results
     if "window" in cases:
         for n in (16384, 65536, 262144):
             results.append(fixed_case(f"window+-2048 N={n}", 1, n, 8, window_size=(2048, 2048)))
@@ -203,11 +217,8 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("genoflash bench features needs a CUDA GPU", flush=True)
         return 2
-    results = run([c.strip() for c in args.cases.split(",")])
-    report = {"metadata": run_metadata(dtype="bf16", method="do_bench median (warmup 25 ms, rep 200 ms); "
-                                                           "useful FLOPs only"),
-              "results": results}
-    path = Path(f"{results_stem(args.out, report['metadata'], 'features')}.json")
-    path.write_text(json.dumps(report, indent=1))
+    metadata = run_metadata(dtype="bf16", method="do_bench median (warmup 25 ms, rep 200 ms); useful FLOPs only")
+    path = Path(f"{results_stem(args.out, metadata, 'features')}.json")
+    run([c.strip() for c in args.cases.split(",")], _SavedList(path, metadata))
     print(f"wrote {path}", flush=True)
     return 0
