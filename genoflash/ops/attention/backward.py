@@ -28,7 +28,7 @@ from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .dropout import DROPOUT_RUNTIME_ARGS
-from .mask import _dropout_keep, _mask_scores
+from .mask import _dropout_keep, _mask_tile_scores
 from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _load_qk_tma, _qk_dot,
                      _qk_grad_of_transposed, _qk_grad_update, _store_qk_grad)
 from .score_mods import _alibi_bias, _softcap
@@ -116,12 +116,8 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
         if HAS_ALIBI:
             sT += _alibi_bias(rows, cols, seqlen_q, seqlen_k, slope_raw)
         if MASKED:
-            if EDGES_ONLY:  # a branch around the mask, taken by the whole tiles inside the band
-                if (start_m < mid_lo) | (start_m >= mid_hi):
-                    sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
-                                      HAS_RIGHT)
-            else:
-                sT = _mask_scores(sT, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+            sT = _mask_tile_scores(sT, rows, cols, start_m, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left,
+                                   window_right, HAS_LEFT, HAS_RIGHT, EDGES_ONLY)
         pT = tl.math.exp2(sT * qk_scale_log2 - lse2[None, :])
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:  # dV sees the dropped P; dP flows back through the kept scores only
@@ -312,12 +308,8 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
         if HAS_ALIBI:
             s += _alibi_bias(rows, cols, seqlen_q, seqlen_k, slope_raw)
         if MASKED:
-            if EDGES_ONLY:  # a branch around the mask, taken by the whole tiles inside the band
-                if (start_n < mid_lo) | (start_n >= mid_hi):
-                    s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT,
-                                     HAS_RIGHT)
-            else:
-                s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+            s = _mask_tile_scores(s, rows, cols, start_n, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left,
+                                  window_right, HAS_LEFT, HAS_RIGHT, EDGES_ONLY)
         p = tl.math.exp2(s * qk_scale_log2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:

@@ -34,6 +34,20 @@ def _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, H
 
 
 @triton.jit
+def _mask_tile_scores(s, rows, cols, tile_start, mid_lo, mid_hi, seqlen_q, seqlen_k, window_left, window_right,
+                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EDGES_ONLY: tl.constexpr):
+    """_mask_scores for a tile of a loop that runs over masked and whole tiles alike: with
+    EDGES_ONLY only a tile starting outside [mid_lo, mid_hi) (block_info.py's whole tiles)
+    is masked, behind a branch the whole tiles skip; otherwise every tile is."""
+    if EDGES_ONLY:
+        if (tile_start < mid_lo) | (tile_start >= mid_hi):
+            s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+    else:
+        s = _mask_scores(s, rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+    return s
+
+
+@triton.jit
 def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Dropout keep mask (BLOCK_M, BLOCK_N) for query rows `rows` (BLOCK_M,) and keys start_n ..
     start_n + BLOCK_N (start_n a multiple of 16). The bits are defined in dropout.py, whose
