@@ -225,7 +225,7 @@ def _attn_bwd_dkdv_kernel(
             # Full attention: the whole tiles' loop between two edge loops that are empty at run
             # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
             # full attention's loop took 536 instructions against 520), and this is the form the
-            # tile table was measured with.
+            # tile table was measured with. EDGES_ONLY is off: the middle bounds go unused.
             dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, mid_lo, seqlen_q, seqlen_k,
