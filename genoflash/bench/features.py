@@ -96,11 +96,11 @@ def flex_window_case(name, seqlen, nheads, window: int, d=128) -> dict:
 
         def call(q, k, v):
             return flex(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=mask).transpose(1, 2)
-        with torch.no_grad():  # the same answer as genoflash before it is timed
-            ours = flash_attn_func(*inputs, window_size=(window, window))
-            err = (call(*inputs).float() - ours.float()).abs().max().item()
-        if not err < 0.05:
-            raise AssertionError(f"FlexAttention differs from genoflash by {err}")
+        with torch.no_grad():  # the same answer as genoflash before it is timed (bench attention's check)
+            ours = flash_attn_func(*inputs, window_size=(window, window)).float()
+            err = ((call(*inputs).float() - ours).norm() / ours.norm()).item()
+        if not err < 0.02:
+            raise AssertionError(f"FlexAttention differs from genoflash: relative error {err:.1e}")
         pairs = visible_pairs(seqlen, seqlen, False, (window, window))
         rec = measure(call, inputs, pairs, nheads, d, d)
     except Exception as e:  # out of memory, or no compiler: the record says why
@@ -108,8 +108,8 @@ def flex_window_case(name, seqlen, nheads, window: int, d=128) -> dict:
         torch.cuda.empty_cache()
         return {"case": name, "seqlen": seqlen, "nheads": nheads, "d": d, "error": str(e)[:300]}
     print(f"{name:<28} fwd {rec['fwd_tflops']:6.1f} TF/s {rec['fwd_ms']:9.3f} ms | fwd+bwd "
-          f"{rec['fwd_bwd_tflops']:6.1f} TF/s {rec['fwd_bwd_ms']:9.3f} ms  (max diff {err:.1e})", flush=True)
-    return {"case": name, "seqlen": seqlen, "nheads": nheads, "d": d, "max_abs_diff_vs_genoflash": err, **rec}
+          f"{rec['fwd_bwd_tflops']:6.1f} TF/s {rec['fwd_bwd_ms']:9.3f} ms  (rel err {err:.1e})", flush=True)
+    return {"case": name, "seqlen": seqlen, "nheads": nheads, "d": d, "rel_err_vs_genoflash": err, **rec}
 
 
 def varlen_case(name, lengths, nheads=8, d=128) -> dict:
