@@ -11,7 +11,7 @@ selective scan; --channels-first: its state-loop kernels) or probe (plain, plus 
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
 forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
-forward over chunks of N keys; --causal, --softcap X, --alibi and --varlen add those features. A kernel
+forward over chunks of N keys; --causal, --softcap X, --alibi, --varlen and --gqa add those features. A kernel
 whose wgmma ptxas serialized (note C7515: no tensor-core pipelining) is marked WGMMA-SERIALIZED.
 """
 
@@ -160,6 +160,7 @@ def main(argv):
     parser.add_argument("--softcap", type=float, default=0.0)
     parser.add_argument("--alibi", action="store_true", help="ALiBi slopes, one per head")
     parser.add_argument("--varlen", action="store_true", help="flash_attn_varlen_func, two sequences (300 + 724)")
+    parser.add_argument("--gqa", action="store_true", help="two query heads per K/V head")
     parser.add_argument("--channels-first", action="store_true",
                         help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
@@ -196,8 +197,10 @@ def main(argv):
     rotary_dim = args.rotary_dim or d
     dtype = getattr(torch, args.dtype)
     n, h = 1024, 2
-    q, k = (torch.randn(1, n, h, d, dtype=dtype, requires_grad=True) for _ in range(2))
-    v = torch.randn(1, n, h, dv, dtype=dtype, requires_grad=True)
+    hk = 1 if args.gqa else h  # GQA: two query heads share one K/V head
+    q = torch.randn(1, n, h, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, n, hk, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, n, hk, dv, dtype=dtype, requires_grad=True)
     kw = {}
     if case == "rope":
         cos, sin = rotary_tables(n, rotary_dim, dtype=torch.float32)
