@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.testing
 
+from genoflash.bench.features import visible_pairs
 from genoflash.ops.attention.args import AttentionArgs
 from genoflash.ops.attention.backward import attention_backward
 from genoflash.ops.attention.dropout import DropoutArgs
@@ -41,13 +42,6 @@ SHAPES = [
     ("H16 N16k hd128 dropout 0.1", 1, 16, 16384, 128, 128, False, None, "dropout"),
     ("H16 N16k hd128 causal dropout 0.1", 1, 16, 16384, 128, 128, True, None, "dropout"),
 ]
-
-
-def visible_pairs(n: int, causal: bool, window: int | None) -> float:
-    if window is not None:
-        i = torch.arange(n, dtype=torch.float64)
-        return float(((i + window).clamp(max=n - 1) - (i - window).clamp(min=0) + 1).sum())
-    return n * (n + 1) / 2 if causal else float(n) * n
 
 
 def main() -> None:
@@ -79,7 +73,7 @@ def main() -> None:
         out, lse = attention_forward(q, k, v, a)
         fwd_ms = triton.testing.do_bench(lambda: attention_forward(q, k, v, a), warmup=25, rep=100,
                                          return_mode="median")
-        useful = 2 * b * h * visible_pairs(n, causal, window) * (d + dv)
+        useful = 2 * b * h * visible_pairs(n, n, causal, (left, right)) * (d + dv)
         results = {}
         for _ in range(2):
             for vname, fn in variants.items():
