@@ -1,0 +1,99 @@
+"""Where the Hyena layer's forward+backward spends its host time (a research probe, GPU only).
+
+At 16k (d_model 256, bf16) the layer's kernels add up to ~1.9 ms while one call takes 5.5-6.2 ms
+of wall time (NOTES.md, eleventh session): the GPU waits on the host. This probe separates
+the two questions that decide the fix:
+  1. Does the host ever wait for the GPU inside one call (a synchronising op)? Then wall time
+     is host + device, not max(host, device). Measured as the time step() takes to *return*
+     without a final synchronize, against the synchronised wall time, and as the CUDA runtime
+     calls that block (cudaStreamSynchronize, cudaMemcpy*, cudaMemGetInfo ...) in the profile.
+  2. Which ops cost the host most: torch.profiler's self CPU time per op, top rows, and the
+     op count per call.
+Writes --out (JSON), with the run's metadata; prints a summary.
+
+    python benchmarks/hyena_host_probe.py --out /tmp/hyena-host.json [--seqlens 16384,65536]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from genoflash.bench.mixers import build
+from genoflash.bench.records import run_metadata
+
+
+def probe(seqlen: int, d_model: int, dtype: torch.dtype, top: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+    from triton.testing import do_bench
+    device = torch.device("cuda")
+    layer = build("hyena", d_model, seqlen, device, dtype)
+    x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn_like(x)
+    params = [x, *layer.parameters()]
+
+    def step():
+        torch.autograd.grad(layer(x), params, dy)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    returned, walls, fwd_returned = [], [], []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        y = layer(x)
+        mid = time.perf_counter()
+        torch.autograd.grad(y, params, dy)
+        end = time.perf_counter()
+        torch.cuda.synchronize()
+        done = time.perf_counter()
+        fwd_returned.append((mid - start) * 1e3)
+        returned.append((end - start) * 1e3)
+        walls.append((done - start) * 1e3)
+    bench_ms = do_bench(step, warmup=5, rep=50, return_mode="median")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    ops = [e for e in events if e.key.startswith("aten::")]
+    cpu_rows = sorted(({"op": e.key[:100], "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3}
+                       for e in events if e.self_cpu_time_total > 0), key=lambda r: -r["self_cpu_ms"])
+    runtime = sorted(({"call": e.key[:100], "calls": e.count, "cpu_ms": e.cpu_time_total / 1e3}
+                      for e in events if e.key.startswith(("cuda", "cu")) and e.cpu_time_total > 0),
+                     key=lambda r: -r["cpu_ms"])
+    kernels_ms = sum(e.self_device_time_total for e in events) / 1e3
+    rec = {"seqlen": seqlen, "d_model": d_model, "dtype": str(dtype),
+           "wall_ms_median": statistics.median(walls), "returned_ms_median": statistics.median(returned),
+           "forward_returned_ms_median": statistics.median(fwd_returned), "do_bench_ms": bench_ms,
+           "kernels_ms": kernels_ms, "aten_op_calls": sum(e.count for e in ops),
+           "top_self_cpu": cpu_rows[:top], "runtime_calls": runtime[:top]}
+    print(f"N={seqlen:,}: wall {rec['wall_ms_median']:.2f} ms (do_bench {bench_ms:.2f}), step returns after "
+          f"{rec['returned_ms_median']:.2f} ms (forward {rec['forward_returned_ms_median']:.2f}), kernels "
+          f"{kernels_ms:.2f} ms, {rec['aten_op_calls']} aten calls", flush=True)
+    for r in cpu_rows[:top]:
+        print(f"   {r['self_cpu_ms']:7.3f} ms  x{r['calls']:<4} {r['op']}")
+    print("  runtime API:")
+    for r in runtime[:top]:
+        print(f"   {r['cpu_ms']:7.3f} ms  x{r['calls']:<4} {r['call']}")
+    return rec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seqlens", default="16384,65536")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    results = [probe(int(n), args.d_model, torch.bfloat16, args.top) for n in args.seqlens.split(",")]
+    with open(args.out, "w") as f:
+        json.dump({"metadata": run_metadata(method="hyena layer fwd+bwd, B1, bf16; wall = synchronised "
+                                            "perf_counter median of 20"), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
