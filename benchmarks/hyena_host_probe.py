@@ -82,17 +82,46 @@ def probe(seqlen: int, d_model: int, dtype: torch.dtype, top: int) -> dict:
     return rec
 
 
+def host_costs() -> dict:
+    """Host microseconds per call, without synchronising: a small elementwise op, a small mm, and
+    one Triton launch (the short convolution's kernel) - the unit costs of the layer's ops."""
+    from genoflash.ops.hyena.short_conv import short_conv
+    a = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 256, 1024, device="cuda", dtype=torch.bfloat16)
+    cw, cb = torch.randn(256, 3, device="cuda", dtype=torch.bfloat16), torch.randn(256, device="cuda",
+                                                                                 dtype=torch.bfloat16)
+    costs = {}
+    for name, fn in (("mul", lambda: a * 2.0), ("mm", lambda: a @ w),
+                     ("triton short_conv", lambda: short_conv(x, cw, cb, 2, None, False))):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(200):
+            fn()
+        costs[name] = (time.perf_counter() - start) / 200 * 1e6
+        torch.cuda.synchronize()
+    print("host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()), flush=True)
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--seqlens", default="16384,65536")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--label", default="", help="recorded with the results, e.g. the tree's commit")
     args = parser.parse_args()
+    import genoflash
+    print(f"genoflash from {genoflash.__file__}", flush=True)
     results = [probe(int(n), args.d_model, torch.bfloat16, args.top) for n in args.seqlens.split(",")]
     with open(args.out, "w") as f:
         json.dump({"metadata": run_metadata(method="hyena layer fwd+bwd, B1, bf16; wall = synchronised "
-                                            "perf_counter median of 20"), "results": results}, f, indent=1)
+                                            "perf_counter median of 20", label=args.label,
+                                            genoflash_path=genoflash.__file__),
+                   "host_us_per_call": host_costs(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

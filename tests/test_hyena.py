@@ -622,3 +622,66 @@ def test_operator_state_dict_keys_are_unchanged():
         "in_proj.weight", "in_proj.bias", "short_conv.conv.weight", "short_conv.conv.bias",
         "filter.mlp.0.weight", "filter.mlp.0.bias", "filter.mlp.1.freq", "filter.mlp.2.weight", "filter.mlp.2.bias",
         "filter.mlp.3.freq", "filter.mlp.4.weight", "filter.mlp.4.bias", "skip", "out_proj.weight", "out_proj.bias"])
+
+
+@pytest.mark.parametrize("used", [(0, 1, 2), (1,)], ids=["every-order", "one-order"])
+def test_implicit_filter_function_matches_autograd_through_the_reference(used):
+    """The hand-written backward against autograd through the same math, float64, every gradient;
+    with one order's filter unused, its rows of the last layer's gradients must come back zero."""
+    from genoflash.ops.hyena.implicit_filter import implicit_filter, implicit_filter_reference
+    gen = torch.Generator().manual_seed(0)
+
+    def param(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
+    x, window = torch.randn(9, 37, generator=gen, dtype=torch.float64), torch.rand(5, 37, generator=gen,
+                                                                                  dtype=torch.float64)
+    hidden = [(param(8, 9), param(8), param(8)), (param(8, 8), param(8), param(8))]
+    w_last, b_last = param(15, 8), param(15)
+    params = [t for layer in hidden for t in layer] + [w_last, b_last]
+    grads = [torch.randn(5, 37, generator=gen, dtype=torch.float64) for _ in range(3)]
+
+    def loss(outs):
+        return sum((outs[i] * grads[i]).sum() for i in used)
+    got = implicit_filter(x, window, hidden, w_last, b_last, order=3)
+    ref = implicit_filter_reference(x, window, hidden, w_last, b_last, order=3)
+    for g, r in zip(got, ref):
+        assert g.shape == (5, 37) and g.is_contiguous()
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    dgot = torch.autograd.grad(loss(got), params)
+    dref = torch.autograd.grad(loss(ref), params, allow_unused=True)
+    for g, r in zip(dgot, dref):
+        torch.testing.assert_close(g, torch.zeros_like(g) if r is None else r, rtol=1e-10, atol=1e-12)
+    assert dgot[-2].abs().sum() > 0  # a test that can fail: the used order's rows are not zero
+    assert torch.autograd.gradcheck(lambda *p: implicit_filter(x, window, [p[0:3], p[3:6]], p[6], p[7], 3),
+                                    params)
+
+
+def test_implicit_filter_under_bf16_autocast_returns_gradients_in_each_parameter_dtype():
+    torch.manual_seed(0)
+    filt = HyenaFilter(d_model=4, order=2, l_max=32, filter_order=8)
+    ref = filt.filters(32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hs = filt.filters(32)
+    assert all(h.dtype == torch.bfloat16 for h in hs)
+    grads = torch.autograd.grad(sum(h.float().sum() for h in hs), list(filt.parameters()))
+    assert all(g.dtype == p.dtype and torch.isfinite(g).all() for g, p in zip(grads, filt.parameters()))
+    assert max(rel_err(h, r) for h, r in zip(hs, ref)) < 5e-2
+
+
+def test_filter_constants_are_cached_until_the_buffers_or_the_length_change():
+    torch.manual_seed(0)
+    filt = HyenaFilter(d_model=4, order=2, l_max=32, filter_order=8)
+    x, window = filt.constants(32)
+    assert filt.constants(32)[1] is window and filt.constants(16)[1].shape == (4, 16)
+    before = filt.filters(32)
+    filt.rates.mul_(2.0)  # an in-place change of a buffer bumps its version: recomputed
+    x2, window2 = filt.constants(32)
+    assert window2 is not window and not torch.allclose(window2, window)
+    assert not torch.allclose(filt.filters(32)[0], before[0])
+    with torch.inference_mode():  # inference tensors could not be saved for a later backward
+        filt.constants(20)
+    assert filt.constants(20)[1] is not filt.constants(32)[1]
+    h = filt.filters(20)[0]
+    torch.autograd.grad(h.sum(), filt.mlp[0].weight)  # trains after an inference-mode call
+    filt.CONSTANTS_CACHE_BYTES = 0  # above the cap: computed every call
+    assert filt.constants(32)[1] is not filt.constants(32)[1]

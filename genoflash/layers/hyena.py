@@ -28,6 +28,7 @@ from torch import nn
 
 from ..backends import select_backend, triton_interpreted
 from ..ops.hyena import fftconv_channels_first
+from ..ops.hyena.implicit_filter import implicit_filter
 from ..ops.hyena.projection import autocast_operands, project_from_channels_first, project_to_channels_first
 from ..ops.hyena.short_conv import short_conv, short_conv_reference
 
@@ -115,6 +116,8 @@ class HyenaFilter(nn.Module):
             pre-norm absorbs the growth; the option is for callers who need bounded outputs.
     """
 
+    CONSTANTS_CACHE_BYTES = 64 * 2**20  # 256 channels x 128k taps in bf16
+
     def __init__(self, d_model: int, order: int, l_max: int, filter_order: int = 64, causal: bool = True,
                  num_freqs: int = 4, fast_decay: float = 0.3, slow_decay: float = 1.5, target: float = 1e-2,
                  normalize: bool = False):
@@ -133,6 +136,8 @@ class HyenaFilter(nn.Module):
                              if normalize else torch.ones(d_model), persistent=False)
         # (key, filters) of the last inference call; see `forward`.
         self._cache: tuple[tuple, torch.Tensor] | None = None
+        # (key, (features, window)) of the last call; see `constants`.
+        self._constants_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @staticmethod
     def _window_sum(rates: torch.Tensor, l_max: int, causal: bool) -> torch.Tensor:
@@ -153,25 +158,39 @@ class HyenaFilter(nn.Module):
         angles = 2 * math.pi * t[:, None] * torch.arange(1, self.num_freqs + 1, device=t.device, dtype=t.dtype)
         return torch.cat([t[:, None], torch.cos(angles), torch.sin(angles)], dim=-1)
 
+    def constants(self, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, window) for seqlen: the MLP's input (1 + 2 num_freqs, taps) and the decay
+        window (d_model, taps). Neither depends on a parameter, only on seqlen and the buffers, so
+        up to CONSTANTS_CACHE_BYTES of window they are kept for the next call with the same key:
+        at short lengths the layer is bound by host time, and these are a dozen small ops."""
+        key = (seqlen, self.rates.device, self.rates.dtype, self.mlp[0].weight.dtype, self.rates._version,
+               self.window_sum._version)
+        if self._constants_cache is not None and self._constants_cache[0] == key:
+            return self._constants_cache[1]
+        t = self.positions(seqlen)
+        x = self.features(t).mT
+        window = torch.exp(-self.rates[:, None] * t.abs()) / self.window_sum[:, None]
+        # Not from inference mode: its tensors could not be saved for a later backward.
+        if (window.numel() * window.element_size() <= self.CONSTANTS_CACHE_BYTES
+                and not torch.is_inference_mode_enabled()):
+            self._constants_cache = (key, (x, window))
+        return x, window
+
     def filters(self, seqlen: int) -> list[torch.Tensor]:
         """[h_i for each order i], each (d_model, taps), contiguous, computed on its own.
 
         The MLP runs with features as columns, W @ x + b per layer, so every filter comes out
         as contiguous rows in the layout fftconv's FFTs read, and the MLP's gradients stay in
         that layout too: no transpose either way. The last layer runs once per order, so each
-        h_i is its own tensor: its gradient flows back without being stacked with the others,
-        and its window multiply broadcasts over nothing."""
-        t = self.positions(seqlen)
-        x = self.features(t).mT  # (1 + 2 num_freqs, taps)
+        h_i is its own tensor. Forward and backward are one autograd Function
+        (`genoflash.ops.hyena.implicit_filter`): through autograd the same math is ~200 small ops."""
+        x, window = self.constants(seqlen)
         *hidden, last = self.mlp
-        for layer in hidden:
-            if isinstance(layer, nn.Linear):
-                x = torch.addmm(layer.bias[:, None], layer.weight, x)
-            else:  # Sine, one frequency per row here
-                x = torch.sin(layer.freq[:, None] * x)
-        window = torch.exp(-self.rates[:, None] * t.abs()) / self.window_sum[:, None]  # (d_model, taps)
-        rows = [slice(i * self.d_model, (i + 1) * self.d_model) for i in range(self.order)]
-        return [torch.addmm(last.bias[r, None], last.weight[r], x) * window for r in rows]
+        pairs = list(zip(hidden[0::2], hidden[1::2]))
+        if len(hidden) % 2 or not all(isinstance(a, nn.Linear) and isinstance(b, Sine) for a, b in pairs):
+            raise TypeError("HyenaFilter.mlp must be (Linear, Sine) pairs followed by a Linear")
+        layers = [(linear.weight, linear.bias, sine.freq) for linear, sine in pairs]
+        return list(implicit_filter(x, window, layers, last.weight, last.bias, self.order))
 
     def _recomputed(self) -> bool:
         return self.training or torch.is_grad_enabled()

@@ -117,14 +117,12 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     if head_dim + head_dim_v <= 256:  # (64, 192): whole backward 9.3 ms at B1 H8 N16k
         return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
                               fused_dkdv=TileConfig(32, 128, 8, 2))
-    if head_dim + head_dim_v <= 320 and head_dim < head_dim_v:
-        # (128, 192), whole backward at B1 H8 N16k (results/tune-dv192-h200-2026-11-30-f14cdec.json):
-        # dK/dV 16x128 w8 s3 11.17 ms against 32x128 w8 s2 11.39 (which spills 52 bytes at sm_90;
-        # 16 query rows per step fit the 192-wide dV accumulator without), then dQ 64x64 w4 s3
-        # 10.82 against 128x32 w8 s3 11.10.
+    if head_dim + head_dim_v <= 320:
+        # (128, 192), (192, 128), whole backward at B1 H8 N16k (results/tune-dv192-h200-2026-11-30-f14cdec.json,
+        # tune-dv192-dv64-h200-2026-11-30-e48bc66.json): dK/dV 16x128 w8 s3 11.17 / 11.34 ms against
+        # 32x128 w8 s2 11.39 / 11.48 (which spills 52 bytes at sm_90; 16 query rows per step leave
+        # the 192-wide accumulator room), then dQ 64x64 w4 s3 10.74 / 10.92 against 128x32 w8 s3.
         return BackwardConfig(TileConfig(16, 128, 8, 3), TileConfig(64, 64, 4, 3))
-    if head_dim + head_dim_v <= 320:  # (192, 128): 14.1 ms
-        return BackwardConfig(TileConfig(32, 128, 8, 2), TileConfig(128, 32, 8, 3))
     return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3))
 
 

@@ -166,8 +166,8 @@ def fftconv_forward(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, ge
         spectrum.mul_(torch.fft.rfft(h_rows.load(h[cs])))  # in place: the product needs no third spectrum
         conv = _inverse(spectrum, n, how)
         del spectrum  # before the next group's rfft, so at most one group's spectra are alive
-        D_g = None if D is None else D[cs].to(dtype)
-        write_window(yc[:, cs], conv, geo.lag0, D_g, xc[:, cs], how)
+        # D in its own dtype: write_window computes in the compute dtype (to which D casts exactly).
+        write_window(yc[:, cs], conv, geo.lag0, None if D is None else D[cs], xc[:, cs], how)
     return _swap_if(yc, channels_last)
 
 
@@ -218,8 +218,7 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
         if need_dx:  # the skip term's share, D dy, is added in the same pass: d(D x)/dx = D
             dy_spectrum.mul_(torch.fft.rfft(h_rows.load(h[cs], reverse=True)))  # dy's spectrum is not needed after
             corr = _inverse(dy_spectrum, n, how)
-            D_g = None if D is None else D[cs].to(dtype)
-            write_window(dxc[:, cs], corr, geo.taps - 1 - geo.lag0, D_g, dyc[:, cs], how)
+            write_window(dxc[:, cs], corr, geo.taps - 1 - geo.lag0, None if D is None else D[cs], dyc[:, cs], how)
         del dy_spectrum
     return (None if dxc is None else _swap_if(dxc, channels_last)), dh, dD
 

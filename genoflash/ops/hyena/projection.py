@@ -38,6 +38,12 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a[0], b[0])[None] if a.shape[0] == 1 else torch.bmm(a, b)
 
 
+def _bmm_summed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum over the batch of a @ b, (batch, m, k) @ (batch, k, n) -> (m, n): a weight's gradient. At
+    batch 1 one mm, with no sum (which would copy the result once more)."""
+    return torch.mm(a[0], b[0]) if a.shape[0] == 1 else torch.bmm(a, b).sum(0)
+
+
 def _per_batch(weight: torch.Tensor, batch: int) -> torch.Tensor:
     return weight.expand(batch, *weight.shape)  # batch stride 0: one matrix for every sequence, no copy
 
@@ -53,7 +59,7 @@ class ProjectToChannelsFirst(torch.autograd.Function):
     def backward(ctx, dz: torch.Tensor):
         u, weight = ctx.saved_tensors
         du = _bmm(dz.mT, _per_batch(weight, u.shape[0])) if ctx.needs_input_grad[0] else None  # like u
-        dw = _bmm(dz, u).sum(0) if ctx.needs_input_grad[1] else None
+        dw = _bmm_summed(dz, u) if ctx.needs_input_grad[1] else None
         return du, dw
 
 
@@ -77,7 +83,7 @@ class ProjectFromChannelsFirst(torch.autograd.Function):
         z, weight = ctx.saved_tensors
         need_dz, need_dw, need_db = ctx.needs_input_grad
         dz = _bmm(_per_batch(weight.t(), z.shape[0]), dy.mT) if need_dz else None  # like z
-        dw = _bmm(dy.mT, z.mT).sum(0) if need_dw else None
+        dw = _bmm_summed(dy.mT, z.mT) if need_dw else None
         db = dy.sum((0, 1)) if need_db and ctx.has_bias else None
         return dz, dw, db
 

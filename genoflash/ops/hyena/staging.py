@@ -64,7 +64,7 @@ def _write_window_kernel(CORR, D, SKIP, OUT, group, length, n_blocks, start, sca
     v = tl.load(CORR + b * stride_cb + c * stride_cc + start + k, mask=mask) * scale
     if HAS_SKIP:
         skip = tl.load(SKIP + b * stride_sb + c * stride_sc + k.to(tl.int64) * stride_sl, mask=mask)
-        v += tl.load(D + c) * skip.to(v.dtype)
+        v += tl.load(D + c).to(v.dtype) * skip.to(v.dtype)
     tl.store(OUT + b * stride_ob + c * stride_oc + k.to(tl.int64) * stride_ol, v.to(OUT.dtype.element_ty), mask=mask)
 
 
@@ -100,8 +100,8 @@ def load_rows(dst: torch.Tensor, src: torch.Tensor, reverse: bool, how: Staging,
 
 def write_window(out: torch.Tensor, corr: torch.Tensor, start: int, D: torch.Tensor | None,
                  skip: torch.Tensor | None, how: Staging) -> None:
-    """out (..., group, length) <- corr[..., start: start + length] (+ D[:, None] * skip), cast to
-    out's dtype. corr (..., group, n) is an inverse FFT's unnormalised output when fused (the
+    """out (..., group, length) <- corr[..., start: start + length] (+ D[:, None] * skip), computed in
+    corr's dtype (D and skip, in any float dtype, are cast to it) and cast to out's dtype. corr (..., group, n) is an inverse FFT's unnormalised output when fused (the
     kernel scales it by 1 / n), its normalised one otherwise; its last dim has stride 1."""
     length = out.shape[-1]
     window = corr[..., start: start + length]
