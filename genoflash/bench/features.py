@@ -18,6 +18,8 @@ Cases (bf16, H=8 or 16, D=128 unless noted):
            unfused way: a separate rotary kernel (torch.compile'd, one kernel per tensor and
            pass) on q and k, then attention without RoPE
   dropout  dropout 0.1 vs plain at N = 16k, H=16
+  gqa      16 query heads over 16 (MHA), 4 (GQA 4:1) and 1 (MQA) key/value heads, N = 16k,
+           full and causal: what sharing K/V costs the backward, which sums dK/dV over the group
 Results go to <out>/<gpu>-<date>-features.json.
 """
 
@@ -65,20 +67,21 @@ def measure(call, inputs, pairs_per_head: int, nheads: int, d: int, dv: int) -> 
     return rec
 
 
-def _qkv(batch, seqlen, nheads, d, dv, packed=False):
+def _qkv(batch, seqlen, nheads, d, dv, packed=False, nheads_k=None):
     shape = (batch * seqlen,) if packed else (batch, seqlen)
-    return [torch.randn(*shape, nheads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            for dim in (d, d, dv)]
+    return [torch.randn(*shape, h, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for h, dim in ((nheads, d), (nheads_k or nheads, d), (nheads_k or nheads, dv))]
 
 
-def fixed_case(name, batch, seqlen, nheads, d=128, dv=128, **kw) -> dict:
+def fixed_case(name, batch, seqlen, nheads, d=128, dv=128, nheads_k=None, **kw) -> dict:
+    """One flash_attn_func configuration; nheads_k < nheads is GQA (the FLOPs stay those of nheads)."""
     pairs = batch * visible_pairs(seqlen, seqlen, kw.get("causal", False), kw.get("window_size", (-1, -1)))
-    rec = measure(lambda q, k, v: flash_attn_func(q, k, v, **kw), _qkv(batch, seqlen, nheads, d, dv), pairs,
-                  nheads, d, dv)
+    rec = measure(lambda q, k, v: flash_attn_func(q, k, v, **kw),
+                  _qkv(batch, seqlen, nheads, d, dv, nheads_k=nheads_k), pairs, nheads, d, dv)
     print(f"{name:<28} fwd {rec['fwd_tflops']:6.1f} TF/s {rec['fwd_ms']:9.3f} ms | fwd+bwd "
           f"{rec['fwd_bwd_tflops']:6.1f} TF/s {rec['fwd_bwd_ms']:9.3f} ms", flush=True)
-    return {"case": name, "batch": batch, "seqlen": seqlen, "nheads": nheads, "d": d, "dv": dv,
-            "features": {k: (str(v.dtype) if isinstance(v, torch.Tensor) else list(v) if isinstance(v, tuple) else v)
+    return {"case": name, "batch": batch, "seqlen": seqlen, "nheads": nheads, "nheads_k": nheads_k or nheads,
+            "d": d, "dv": dv, "features": {k: (str(v.dtype) if isinstance(v, torch.Tensor) else list(v) if isinstance(v, tuple) else v)
                          for k, v in kw.items()}, **rec}
 
 
@@ -96,8 +99,11 @@ def flex_window_case(name, seqlen, nheads, window: int, d=128) -> dict:
 
         def call(q, k, v):
             return flex(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=mask).transpose(1, 2)
-        with torch.no_grad():  # the same answer as genoflash before it is timed (bench attention's check)
-            err = _rel_err(call(*inputs), flash_attn_func(*inputs, window_size=(window, window)))
+        # The same answer as genoflash before it is timed (bench attention's check). With autograd on,
+        # as it is timed: under no_grad torch.compile builds a second (inference) graph, and on the
+        # H200 machine ptxas ran for minutes on that graph's kernel (2026-11-30, twice) where the
+        # training graph compiles in seconds.
+        err = _rel_err(call(*inputs).detach(), flash_attn_func(*inputs, window_size=(window, window)).detach())
         if not err < REL_TOL:
             raise AssertionError(f"FlexAttention differs from genoflash: relative error {err:.1e}")
         pairs = visible_pairs(seqlen, seqlen, False, (window, window))
@@ -202,6 +208,11 @@ def run(cases: list[str], results: list | None = None) -> list[dict]:
             except Exception as e:  # record why the competitor could not run rather than lose the others
                 print(f"separate rotary kernel failed: {e}", flush=True)
                 results.append({"case": f"rotary kernel+attn H{h} N{n}", "error": str(e)[:300]})
+    if "gqa" in cases:
+        for causal in (False, True):
+            tag = " causal" if causal else ""
+            for hk in (16, 4, 1):
+                results.append(fixed_case(f"H16 Hk{hk}{tag} N16k", 1, 16384, 16, nheads_k=hk, causal=causal))
     if "dropout" in cases:
         results.append(fixed_case("plain H16 N16k", 1, 16384, 16))
         results.append(fixed_case("dropout0.1 H16 N16k", 1, 16384, 16, dropout_p=0.1))
@@ -210,7 +221,7 @@ def run(cases: list[str], results: list | None = None) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench features", description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="window,varlen,dv,alibi,softcap,rope,dropout")
+    parser.add_argument("--cases", default="window,varlen,dv,alibi,softcap,rope,dropout,gqa")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
