@@ -11,7 +11,8 @@ selective scan; --channels-first: its state-loop kernels) or probe (plain, plus 
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
 forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
-forward over chunks of N keys; --causal, --softcap X, --alibi, --varlen and --gqa add those features. A kernel
+forward over chunks of N keys; --causal, --softcap X, --alibi, --varlen and --gqa add those features
+(--heads-per-split N: GQA's dK/dV pass with the group split over programs). A kernel
 whose wgmma ptxas serialized (note C7515: no tensor-core pipelining) is marked WGMMA-SERIALIZED.
 """
 
@@ -161,6 +162,8 @@ def main(argv):
     parser.add_argument("--alibi", action="store_true", help="ALiBi slopes, one per head")
     parser.add_argument("--varlen", action="store_true", help="flash_attn_varlen_func, two sequences (300 + 724)")
     parser.add_argument("--gqa", action="store_true", help="two query heads per K/V head")
+    parser.add_argument("--heads-per-split", type=int,
+                        help="GQA: query heads per dK/dV program (configs.dkdv_group_split), e.g. 1 with --gqa")
     parser.add_argument("--channels-first", action="store_true",
                         help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
@@ -258,7 +261,7 @@ def main(argv):
                                      fused_dkdv=_tiles(args.fused_dkdv) if args.fused_dkdv else None)
     with genoflash.use_backend("triton"), configs.override_configs(
             fwd, bwd, one_pass=True if args.fused else None, dq_rope_by_tma=True if args.dq_rope_tma else None,
-            key_chunk=args.key_chunk):
+            key_chunk=args.key_chunk, dkdv_heads_per_split=args.heads_per_split):
         if args.varlen:
             cu = torch.tensor([0, 300, n], dtype=torch.int32)
             out = genoflash.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 724, 724, **kw)

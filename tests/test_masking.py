@@ -105,6 +105,52 @@ def test_gqa(backend, nheads, nheads_k, causal, device):
     check_fixed(backend, device, 2, 77, 91, nheads, nheads_k, 32, 32, causal=causal)
 
 
+@pytest.mark.parametrize("nheads,nheads_k,heads_per_split", [(8, 1, 3), (8, 1, 1), (4, 2, 1)],
+                         ids=["mqa-8:1-by-3", "mqa-8:1-by-1", "gqa-4:2-by-1"])
+@pytest.mark.parametrize("features", ["causal", "window", "rope-dropout"])
+def test_gqa_with_the_group_split_over_dkdv_programs(nheads, nheads_k, heads_per_split, features, device):
+    """The GQA dK/dV pass with the group's query heads split over programs (float32 partial slices,
+    summed afterwards), as the GPU takes it when there are few programs for the SMs; forced here.
+    3 heads per split over a group of 8 leaves an uneven last share (3, 3, 2)."""
+    torch.manual_seed(16)
+    kw = {"causal": dict(causal=True), "window": dict(window_size=(5, 20))}.get(features)
+    if features == "rope-dropout":
+        cos, sin = genoflash.rotary_tables(91, 32, device=device)
+        kw = dict(causal=True, rotary_cos=cos, rotary_sin=sin, dropout_p=0.2, dropout_seed=7)
+    with override_configs(dkdv_heads_per_split=heads_per_split):
+        if features == "rope-dropout":  # against the same call without the split: the mask is the kernel's own
+            check_same_as_unsplit(device, nheads, nheads_k, **kw)
+        else:
+            check_fixed("triton", device, 2, 77, 91, nheads, nheads_k, 32, 32, **kw)
+
+
+def check_same_as_unsplit(device, nheads, nheads_k, **kw):
+    q, k = make((2, 91, nheads, 32), DTYPE, device), make((2, 91, nheads_k, 32), DTYPE, device)
+    v, dout = make((2, 91, nheads_k, 32), DTYPE, device), torch.randn(2, 91, nheads, 32, dtype=DTYPE, device=device)
+    with genoflash.use_backend("triton"):
+        split = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **kw), q, k, v, dout)
+        with override_configs(dkdv_heads_per_split=nheads // nheads_k):
+            whole = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **kw), q, k, v, dout)
+    for name, s, w in zip(("out", "dq", "dk", "dv"), split, whole):
+        assert torch.isfinite(s).all(), name
+        # dK/dV: float32 partial sums, then one rounding, against one float32 sum: equal up to rounding.
+        torch.testing.assert_close(s, w, rtol=2e-3, atol=2e-3, msg=name)
+    assert (split[2] - whole[2]).abs().max() < whole[2].abs().max() * 1e-2
+
+
+def test_dkdv_group_split_policy(monkeypatch):
+    """Split only GQA with under DKDV_GROUP_SPLIT_MIN_WAVES waves of programs; aim for the target waves."""
+    from genoflash.ops.attention import configs
+    monkeypatch.setattr(configs, "triton_interpreted", lambda: False)
+    monkeypatch.setattr(configs, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert configs.dkdv_group_split(1, 128, cuda) == 1  # MHA: nothing to split
+    assert configs.dkdv_group_split(16, 128, cuda) == 4  # MQA H16 N16k: 5 splits asked, 4 of 4 heads
+    assert configs.dkdv_group_split(4, 512, cuda) == 4  # GQA 4:1 H16 N16k: 512 programs, no split
+    assert configs.dkdv_group_split(8, 8, cuda) == 1  # tiny: one head per program
+    assert configs.dkdv_group_split(16, 128, torch.device("cpu")) == 16
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("per_batch", [False, True], ids=["slopes-H", "slopes-BH"])
 def test_alibi_with_causal(backend, per_batch, device):

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from .block_info import _kv_block_range, _q_block_range
-from .configs import backward_config
+from .configs import backward_config, dkdv_group_split
 from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
@@ -162,12 +162,13 @@ def _attn_bwd_dkdv_kernel(
     nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
+    heads_per_split, stride_dk_split, stride_dv_split,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
-    DQ_TMA: tl.constexpr,
+    DQ_TMA: tl.constexpr, GROUP_SPLIT: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -192,8 +193,16 @@ def _attn_bwd_dkdv_kernel(
     lo, mid_lo, mid_hi, hi = _q_block_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                             BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # GQA: every query head of the group reads this K/V tile; their gradients sum here,
-    # in a fixed order, so dK/dV need no atomics.
-    for g in range(0, kv_group):
+    # in a fixed order, so dK/dV need no atomics. With GROUP_SPLIT (few programs for the SMs;
+    # configs.dkdv_group_split) this program sums only its share of the heads, program_id(1), into
+    # its own float32 slice of DK/DV, and the host sums the slices in a fixed order afterwards.
+    # Without it the loop is the one MHA compiles (kv_group == 1 is specialised to one trip).
+    g_lo = 0
+    g_hi = kv_group
+    if GROUP_SPLIT:
+        g_lo = tl.program_id(1) * heads_per_split
+        g_hi = tl.minimum(g_lo + heads_per_split, kv_group)
+    for g in range(g_lo, g_hi):
         off_h = off_hk * kv_group + g
         q_base = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start, stride_qm)
         do_base = _row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), q_start, stride_dom)
@@ -254,6 +263,9 @@ def _attn_bwd_dkdv_kernel(
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
 
+    if GROUP_SPLIT:  # this program's slice of the float32 partial sums
+        DK += tl.program_id(1).to(tl.int64) * stride_dk_split
+        DV += tl.program_id(1).to(tl.int64) * stride_dv_split
     # dk is w.r.t. the rotated keys; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
                    dka * softmax_scale, dkb * softmax_scale, dkp * softmax_scale, start_n + offs_n, offs_n,
@@ -504,16 +516,30 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     dq_tma = fused and tma and not triton_interpreted()
     dq_desc = tile_descriptor(dq_accum, dkdv_cfg.block_m, blocks["BLOCK_P"]) if dq_tma else None
     num_n_blocks = triton.cdiv(seqlen_k, dkdv_cfg.block_n)
-    launch(_attn_bwd_dkdv_kernel, (num_n_blocks * batch * nheads_k,), dkdv_cfg,
-        q, k, v, dout, lse, delta, dk, dv, dq_accum, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
+    programs = num_n_blocks * batch * nheads_k
+    # GQA with too few dK/dV programs for the SMs: the group's query heads split over `splits`
+    # programs per key tile, each writing float32 partial dK/dV to its own slice (summed below).
+    heads_per_split = dkdv_group_split(kv_group, programs, q.device)
+    splits = triton.cdiv(kv_group, heads_per_split)
+    dk_out, dv_out = dk, dv
+    if splits > 1:
+        dk_out = torch.empty((splits, *dk.shape), device=dk.device, dtype=torch.float32)
+        dv_out = torch.empty((splits, *dv.shape), device=dv.device, dtype=torch.float32)
+    launch(_attn_bwd_dkdv_kernel, (programs, splits), dkdv_cfg,
+        q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
         a.rotary_sin, dkdv_desc, dq_desc,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
-        *seq_strides(dout, a.varlen), *seq_strides(dk, a.varlen), *seq_strides(dv, a.varlen),
+        *seq_strides(dout, a.varlen), *seq_strides(dk_out[0] if splits > 1 else dk, a.varlen),
+        *seq_strides(dv_out[0] if splits > 1 else dv, a.varlen),
         *seq_strides(dq_accum, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
-        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, DQ_TMA=dq_tma,
+        heads_per_split, dk_out.stride(0) if splits > 1 else 0, dv_out.stride(0) if splits > 1 else 0,
+        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, DQ_TMA=dq_tma, GROUP_SPLIT=splits > 1,
         **{**shared, "TMA": dkdv_tma},
     )
+    if splits > 1:  # a fixed-order sum in float32, one rounding to the gradients' dtype
+        dk.copy_(dk_out.sum(0))
+        dv.copy_(dv_out.sum(0))
 
     if fused:
         block = cfg.preprocess_block
