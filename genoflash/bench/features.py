@@ -80,9 +80,10 @@ def fixed_case(name, batch, seqlen, nheads, d=128, dv=128, nheads_k=None, **kw) 
                   _qkv(batch, seqlen, nheads, d, dv, nheads_k=nheads_k), pairs, nheads, d, dv)
     print(f"{name:<28} fwd {rec['fwd_tflops']:6.1f} TF/s {rec['fwd_ms']:9.3f} ms | fwd+bwd "
           f"{rec['fwd_bwd_tflops']:6.1f} TF/s {rec['fwd_bwd_ms']:9.3f} ms", flush=True)
+    features = {k: (str(v.dtype) if isinstance(v, torch.Tensor) else list(v) if isinstance(v, tuple) else v)
+                for k, v in kw.items()}
     return {"case": name, "batch": batch, "seqlen": seqlen, "nheads": nheads, "nheads_k": nheads_k or nheads,
-            "d": d, "dv": dv, "features": {k: (str(v.dtype) if isinstance(v, torch.Tensor) else list(v) if isinstance(v, tuple) else v)
-                         for k, v in kw.items()}, **rec}
+            "d": d, "dv": dv, "features": features, **rec}
 
 
 def flex_window_case(name, seqlen, nheads, window: int, d=128) -> dict:
