@@ -685,3 +685,10 @@ def test_filter_constants_are_cached_until_the_buffers_or_the_length_change():
     torch.autograd.grad(h.sum(), filt.mlp[0].weight)  # trains after an inference-mode call
     filt.CONSTANTS_CACHE_BYTES = 0  # above the cap: computed every call
     assert filt.constants(32)[1] is not filt.constants(32)[1]
+
+
+def test_filter_mlp_of_another_shape_gets_a_clear_error():
+    filt = HyenaFilter(d_model=4, order=2, l_max=16, filter_order=8)
+    filt.mlp = torch.nn.Sequential(torch.nn.Linear(9, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    with pytest.raises(TypeError, match=r"\(Linear, Sine\) pairs followed by a Linear"):
+        filt.filters(16)
