@@ -139,16 +139,18 @@ def check_same_as_unsplit(device, nheads, nheads_k, **kw):
 
 
 def test_dkdv_group_split_policy(monkeypatch):
-    """Split only GQA with under DKDV_GROUP_SPLIT_MIN_WAVES waves of programs; aim for the target waves."""
+    """Split only GQA with under DKDV_GROUP_SPLIT_MIN_WAVES waves of programs and enough work; aim
+    for the target waves."""
     from genoflash.ops.attention import configs
     monkeypatch.setattr(configs, "triton_interpreted", lambda: False)
     monkeypatch.setattr(configs, "_sm_count", lambda device: 132)
-    cuda = torch.device("cuda")
-    assert configs.dkdv_group_split(1, 128, cuda) == 1  # MHA: nothing to split
-    assert configs.dkdv_group_split(16, 128, cuda) == 4  # MQA H16 N16k: 5 splits asked, 4 of 4 heads
-    assert configs.dkdv_group_split(4, 512, cuda) == 4  # GQA 4:1 H16 N16k: 512 programs, no split
-    assert configs.dkdv_group_split(8, 8, cuda) == 1  # tiny: one head per program
-    assert configs.dkdv_group_split(16, 128, torch.device("cpu")) == 16
+    cuda, big = torch.device("cuda"), 2.0**42  # the dK/dV FLOPs of H16 N16k hd128
+    assert configs.dkdv_group_split(1, 128, big, cuda) == 1  # MHA: nothing to split
+    assert configs.dkdv_group_split(16, 128, big, cuda) == 4  # MQA H16 N16k: 5 splits asked, 4 of 4 heads
+    assert configs.dkdv_group_split(4, 512, big, cuda) == 4  # GQA 4:1 H16 N16k: 512 programs, no split
+    assert configs.dkdv_group_split(8, 8, big, cuda) == 1  # few programs: one head per program
+    assert configs.dkdv_group_split(8, 8, 2.0**30, cuda) == 8  # too little work to repay the extra launches
+    assert configs.dkdv_group_split(16, 128, big, torch.device("cpu")) == 16
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -519,7 +519,9 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     programs = num_n_blocks * batch * nheads_k
     # GQA with too few dK/dV programs for the SMs: the group's query heads split over `splits`
     # programs per key tile, each writing float32 partial dK/dV to its own slice (summed below).
-    heads_per_split = dkdv_group_split(kv_group, programs, q.device)
+    # dK/dV work: 4 matmuls per visible pair at most (masks only lower it), 2 FLOPs per multiply-add.
+    flops = 2.0 * batch * nheads * seqlen_q * seqlen_k * (2 * head_dim + 2 * head_dim_v)
+    heads_per_split = dkdv_group_split(kv_group, programs, flops, q.device)
     splits = triton.cdiv(kv_group, heads_per_split)
     dk_out, dv_out = dk, dv
     if splits > 1:

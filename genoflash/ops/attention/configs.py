@@ -179,19 +179,25 @@ def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, masked:
 # attention MQA (equal programs, one wave) lost nothing.
 DKDV_GROUP_SPLIT_MIN_WAVES = 2
 DKDV_GROUP_SPLIT_TARGET_WAVES = 4
+# ... and only where the pass is long enough for its balance to matter: the split adds a float32
+# sum and a cast per gradient (four launches, ~16 us of host time each on the H200 machine),
+# more than a dK/dV pass of a few tens of microseconds could gain. 2^35 FLOPs of dK/dV work is
+# ~70 us at 500 TF/s (MQA H16 N16k hd128: 2^42).
+DKDV_GROUP_SPLIT_MIN_FLOPS = 2**35
 
 
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def dkdv_group_split(kv_group: int, programs: int, device: torch.device) -> int:
+def dkdv_group_split(kv_group: int, programs: int, flops: float, device: torch.device) -> int:
     """Query heads per dK/dV program (kv_group: no split; fewer: the group's heads are split over
-    ceil(kv_group / this) programs per key tile). override_configs(dkdv_heads_per_split=...) forces
-    it (tests cover the split under the interpreter)."""
+    ceil(kv_group / this) programs per key tile), for `programs` unsplit programs doing `flops` of
+    dK/dV work in all. override_configs(dkdv_heads_per_split=...) forces it (tests cover the split
+    under the interpreter)."""
     if "dkdv_heads_per_split" in _override:
         return max(1, min(kv_group, int(_override["dkdv_heads_per_split"])))  # type: ignore[arg-type]
-    if kv_group == 1 or device.type != "cuda" or triton_interpreted():
+    if kv_group == 1 or device.type != "cuda" or triton_interpreted() or flops < DKDV_GROUP_SPLIT_MIN_FLOPS:
         return kv_group
     sms = _sm_count(device)
     if programs >= DKDV_GROUP_SPLIT_MIN_WAVES * sms:
