@@ -523,7 +523,8 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     flops = 2.0 * batch * nheads * seqlen_q * seqlen_k * (2 * head_dim + 2 * head_dim_v)
     heads_per_split = dkdv_group_split(kv_group, programs, flops, q.device)
     splits = triton.cdiv(kv_group, heads_per_split)
-    dk_out, dv_out = dk, dv
+    # (splits, *dk.shape): the float32 slices, or dk itself as the one slice (GROUP_SPLIT off).
+    dk_out, dv_out = dk[None], dv[None]
     if splits > 1:
         dk_out = torch.empty((splits, *dk.shape), device=dk.device, dtype=torch.float32)
         dv_out = torch.empty((splits, *dv.shape), device=dv.device, dtype=torch.float32)
@@ -531,11 +532,10 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
         a.rotary_sin, dkdv_desc, dq_desc,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
-        *seq_strides(dout, a.varlen), *seq_strides(dk_out[0] if splits > 1 else dk, a.varlen),
-        *seq_strides(dv_out[0] if splits > 1 else dv, a.varlen),
+        *seq_strides(dout, a.varlen), *seq_strides(dk_out[0], a.varlen), *seq_strides(dv_out[0], a.varlen),
         *seq_strides(dq_accum, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
-        heads_per_split, dk_out.stride(0) if splits > 1 else 0, dv_out.stride(0) if splits > 1 else 0,
+        heads_per_split, dk_out.stride(0), dv_out.stride(0),
         BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, DQ_TMA=dq_tma, GROUP_SPLIT=splits > 1,
         **{**shared, "TMA": dkdv_tma},
     )
