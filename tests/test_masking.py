@@ -124,6 +124,14 @@ def test_gqa_with_the_group_split_over_dkdv_programs(nheads, nheads_k, heads_per
             check_fixed("triton", device, 2, 77, 91, nheads, nheads_k, 32, 32, **kw)
 
 
+@pytest.mark.parametrize("seqlen_q,seqlen_k,d,dv", [(1, 17, 40, 24), (17, 129, 40, 24)], ids=["q1-k17", "q17-k129"])
+def test_group_split_at_odd_sizes(seqlen_q, seqlen_k, d, dv, device):
+    """The split at odd lengths and head dims that are not powers of two, causal (bottom-right)."""
+    torch.manual_seed(17)
+    with override_configs(dkdv_heads_per_split=3):
+        check_fixed("triton", device, 2, seqlen_q, seqlen_k, 8, 1, d, dv, causal=True)
+
+
 def check_same_as_unsplit(device, nheads, nheads_k, **kw):
     q, k = make((2, 91, nheads, 32), DTYPE, device), make((2, 91, nheads_k, 32), DTYPE, device)
     v, dout = make((2, 91, nheads_k, 32), DTYPE, device), torch.randn(2, 91, nheads, 32, dtype=DTYPE, device=device)
