@@ -30,9 +30,10 @@ where keeping the fp32 spectra of all channels costs several times that.
 
 Traffic. Each operand reaches its FFT through one write (staging.py, `load_rows`): cast to
 the compute dtype, and reversed where the backward needs it, into the head of a zero-padded
-buffer whose tail is zeroed once per call (`PaddedRows`), not cast, then padded, per group.
-Each result leaves through one read (`write_window`): the window of the inverse FFT, its 1/n,
-the skip term D x and the cast to the output dtype in one pass.
+buffer whose tail is zeroed once per call (`StagedRows`), not cast, then padded, per group.
+All the operands of a pass share that buffer, so one batched rfft per group transforms them
+all. Each result leaves through one read (`write_window`): the window of the inverse FFT, its
+1/n, the skip term D x and the cast to the output dtype in one pass.
 """
 
 from __future__ import annotations
@@ -95,30 +96,39 @@ def _channel_groups(channels: int, chunk: int):
     return (slice(c0, min(c0 + chunk, channels)) for c0 in range(0, channels, chunk))
 
 
-class PaddedRows:
-    """A (..., chunk, n) buffer in the compute dtype for one operand's channel groups.
+class StagedRows:
+    """One (slots, chunk, n) buffer in the compute dtype holding every operand a pass transforms,
+    so that each channel group takes one batched rfft for all of them, not one per operand: at
+    short lengths the layer is bound by host time per op (benchmarks/NOTES.md).
 
-    Invariant: columns >= length are zero. They are zeroed once, here; `load` writes only
-    columns < length, and nothing else writes the buffer (the forward FFT reads its input and
-    leaves it intact), so every group after the first finds its zero padding already in place."""
+    `lengths[s]` is the length of the rows slot s holds (an activation fills `batch` slots, a
+    filter one). Invariant: in slot s, columns >= lengths[s] are zero. They are zeroed once, here,
+    one `zero_` per run of slots of equal length; `load` writes only columns < lengths[s], and
+    nothing else writes the buffer (rfft reads its input and leaves it intact), so every group
+    after the first finds its padding in place."""
 
-    def __init__(self, lead: tuple[int, ...], chunk: int, length: int, n: int, dtype: torch.dtype, device,
-                 how: Staging):
-        self.buf = torch.empty(*lead, chunk, n, dtype=dtype, device=device)
-        self.buf[..., length:].zero_()
-        self.length, self.how = length, how
+    def __init__(self, lengths: list[int], chunk: int, n: int, dtype: torch.dtype, device, how: Staging):
+        self.buf = torch.empty(len(lengths), chunk, n, dtype=dtype, device=device)
+        start = 0
+        while start < len(lengths):
+            stop = start
+            while stop < len(lengths) and lengths[stop] == lengths[start]:
+                stop += 1
+            self.buf[start:stop, :, lengths[start]:].zero_()
+            start = stop
+        self.lengths, self.how = lengths, how
 
-    def load(self, src: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-        """src (..., group, length) in any dtype and strides -> its zero-padded rows, (..., group, n),
-        in one cast-and-copy; reversed along length if asked."""
-        rows = self.buf[..., : src.shape[-2], :]
-        load_rows(rows[..., : self.length], src, reverse, self.how)
-        return rows
+    def load(self, slot: int, src: torch.Tensor, reverse: bool = False) -> None:
+        """src (rows, group, length) or (group, length), any dtype and strides -> slots
+        [slot, slot + rows), cast in the same copy; reversed along length if asked."""
+        src3 = src if src.dim() == 3 else src[None]
+        rows, group, length = src3.shape
+        assert all(self.lengths[s] == length for s in range(slot, slot + rows)), "slot holds another length"
+        load_rows(self.buf[slot: slot + rows, :group, :length], src3, reverse, self.how)
 
-    def load_and_dot(self, src: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`load(src)`, and the row sums of src * other in the compute dtype, (..., group), from the same read."""
-        rows = self.buf[..., : src.shape[-2], :]
-        return rows, load_rows(rows[..., : self.length], src, False, self.how, dot_with=other)
+    def spectrum(self, group: int) -> torch.Tensor:
+        """rfft of every slot's first `group` rows: (slots, group, n // 2 + 1)."""
+        return torch.fft.rfft(self.buf[:, :group])
 
 
 def _inverse(spectrum: torch.Tensor, n: int, how: Staging) -> torch.Tensor:
@@ -157,15 +167,17 @@ def fftconv_forward(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, ge
     xc = _swap_if(x, channels_last)
     batch, channels, _ = xc.shape
     dtype, n = compute_dtype(x.dtype, h.dtype), geo.fft_len
-    width = min(chunk, channels)
     yc = _empty_activation(xc, channels_last)
-    x_rows = PaddedRows((batch,), width, geo.seqlen, n, dtype, x.device, how)
-    h_rows = PaddedRows((), width, geo.taps, n, dtype, x.device, how)
+    # Slots 0 .. batch - 1 hold x's rows, slot batch h's: one rfft per group for both.
+    rows = StagedRows([geo.seqlen] * batch + [geo.taps], min(chunk, channels), n, dtype, x.device, how)
     for cs in _channel_groups(channels, chunk):
-        spectrum = torch.fft.rfft(x_rows.load(xc[:, cs]))
-        spectrum.mul_(torch.fft.rfft(h_rows.load(h[cs])))  # in place: the product needs no third spectrum
-        conv = _inverse(spectrum, n, how)
-        del spectrum  # before the next group's rfft, so at most one group's spectra are alive
+        rows.load(0, xc[:, cs])
+        rows.load(batch, h[cs])
+        spectrum = rows.spectrum(cs.stop - cs.start)
+        product = spectrum[:batch]
+        product.mul_(spectrum[batch])  # in place: the product needs no spectrum of its own
+        conv = _inverse(product, n, how)
+        del spectrum, product  # before the next group's rfft, so at most one group's spectra are alive
         # D in its own dtype: write_window computes in the compute dtype (to which D casts exactly).
         write_window(yc[:, cs], conv, geo.lag0, None if D is None else D[cs], xc[:, cs], how)
     return _swap_if(yc, channels_last)
@@ -187,39 +199,47 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
     inverse FFT per channel, not per sequence. The reads stay inside [0, n), and every index
     that wraps lands at or past seqlen, on zeros, because n >= seqlen + taps - 1 - lag0 and
     taps - 1 >= 2 lag0 (so n >= seqlen + lag0).
+
+    The skip term D x is a lag-0 tap outside h, so dD = sum_{b, t} dy x is dh's lag-0 entry:
+    index seqlen - 1 of the same correlation, read there at the cost of one small copy.
     """
     need_dx, need_dh, need_dD = need
     dyc, xc = _swap_if(dy, channels_last), _swap_if(x, channels_last)
     batch, channels, seqlen = xc.shape
     dtype, n, device = compute_dtype(x.dtype, h.dtype), geo.fft_len, x.device
-    width = min(chunk, channels)
     dxc = _empty_activation(xc, channels_last) if need_dx else None
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_dh else None
     dD = torch.empty(D.shape, dtype=D.dtype, device=D.device) if need_dD else None
-    # dy's rows, then x's: x is loaded only once dy's spectrum and the dD products are taken.
-    rows = PaddedRows((batch,), width, seqlen, n, dtype, device, how)
-    h_rows = PaddedRows((), width, geo.taps, n, dtype, device, how) if need_dx else None
+    # Slots: dy's rows, then x's reversed (for dh), then h reversed (for dx); one rfft per group.
+    x_slot, h_slot = batch, batch * (2 if need_dh else 1)
+    lengths = [seqlen] * (batch * (2 if need_dh else 1)) + ([geo.taps] if need_dx else [])
+    rows = StagedRows(lengths, min(chunk, channels), n, dtype, device, how) if (need_dx or need_dh) else None
     for cs in _channel_groups(channels, chunk):
-        # dD = sum_{b, t} dy x, its products in the compute dtype (x's cast to it is exact) as in
-        # the skip term's forward, read while dy is loaded.
-        if need_dD:
-            dy_g, dots = rows.load_and_dot(dyc[:, cs], xc[:, cs])
-            dD[cs] = dots.sum(0)
-        else:
-            dy_g = rows.load(dyc[:, cs])
-        if not (need_dx or need_dh):
+        if need_dD and not need_dh:  # no correlation to read it from: the direct sum, in the compute dtype
+            dD[cs] = (dyc[:, cs].to(dtype) * xc[:, cs].to(dtype)).sum((0, 2))
+        if rows is None:
             continue
-        dy_spectrum = torch.fft.rfft(dy_g)
+        rows.load(0, dyc[:, cs])
         if need_dh:
-            product = dy_spectrum * torch.fft.rfft(rows.load(xc[:, cs], reverse=True))
+            rows.load(x_slot, xc[:, cs], reverse=True)
+        if need_dx:
+            rows.load(h_slot, h[cs], reverse=True)
+        spectrum = rows.spectrum(cs.stop - cs.start)
+        dy_spectrum = spectrum[:batch]
+        if need_dh:
+            product = spectrum[x_slot: x_slot + batch]
+            product.mul_(dy_spectrum)  # x's spectrum is not needed after
             corr = _inverse(_batch_sum(product), n, how)
             del product
             write_window(dh[cs], corr, seqlen - 1 - geo.lag0, None, None, how)
+            if need_dD:  # dh's lag-0 entry; a fused corr is unnormalised (write_window scales it)
+                torch.mul(corr[:, seqlen - 1], 1.0 / n if how.fused else 1.0, out=dD[cs])
+            del corr
         if need_dx:  # the skip term's share, D dy, is added in the same pass: d(D x)/dx = D
-            dy_spectrum.mul_(torch.fft.rfft(h_rows.load(h[cs], reverse=True)))  # dy's spectrum is not needed after
+            dy_spectrum.mul_(spectrum[h_slot])  # dy's spectrum is not needed after
             corr = _inverse(dy_spectrum, n, how)
             write_window(dxc[:, cs], corr, geo.taps - 1 - geo.lag0, None if D is None else D[cs], dyc[:, cs], how)
-        del dy_spectrum
+        del spectrum, dy_spectrum
     return (None if dxc is None else _swap_if(dxc, channels_last)), dh, dD
 
 

@@ -7,8 +7,7 @@ else; fftconv.py says which it uses.
 
     load_rows:     dst[r, k] = src[r, k], or src[r, length - 1 - k] when reversed, cast to dst's dtype.
                    Reversing while copying turns the backward's correlations into convolutions
-                   (fftconv.py), so no spectrum is ever conjugated. Optionally also the row
-                   sums of dst * other (fftconv's dD), from the same read.
+                   (fftconv.py), so no spectrum is ever conjugated.
     write_window:  out[r, k] = scale * corr[r, start + k] (+ D[c] * skip[r, k]), cast to out's dtype.
                    The inverse FFT's normalisation, the slice of its output, the skip term and
                    the cast to the output dtype are one read and one write.
@@ -37,9 +36,8 @@ class Staging(NamedTuple):
 
 
 @triton.jit
-def _load_rows_kernel(SRC, DST, OTHER, DOTS, group, length, n_blocks, stride_sb, stride_sc, stride_sl,
-                      stride_db, stride_dc, stride_ob, stride_oc, stride_ol,
-                      REVERSE: tl.constexpr, DOT: tl.constexpr, BLOCK: tl.constexpr):
+def _load_rows_kernel(SRC, DST, group, length, n_blocks, stride_sb, stride_sc, stride_sl, stride_db, stride_dc,
+                      REVERSE: tl.constexpr, BLOCK: tl.constexpr):
     row, block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks  # row = b * group + c
     b, c = (row // group).to(tl.int64), (row % group).to(tl.int64)
     k = block * BLOCK + tl.arange(0, BLOCK)
@@ -48,9 +46,6 @@ def _load_rows_kernel(SRC, DST, OTHER, DOTS, group, length, n_blocks, stride_sb,
     v = tl.load(SRC + b * stride_sb + c * stride_sc + pos.to(tl.int64) * stride_sl, mask=mask)
     v = v.to(DST.dtype.element_ty)
     tl.store(DST + b * stride_db + c * stride_dc + k, v, mask=mask)
-    if DOT:  # this block's share of sum_k dst[k] * other[k], in dst's dtype
-        other = tl.load(OTHER + b * stride_ob + c * stride_oc + k.to(tl.int64) * stride_ol, mask=mask, other=0.0)
-        tl.store(DOTS + row.to(tl.int64) * n_blocks + block, tl.sum(v * other.to(v.dtype), 0))
 
 
 @triton.jit
@@ -78,24 +73,19 @@ def _as_3d(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 3 else t[None]
 
 
-def load_rows(dst: torch.Tensor, src: torch.Tensor, reverse: bool, how: Staging,
-              dot_with: torch.Tensor | None = None) -> torch.Tensor | None:
+def load_rows(dst: torch.Tensor, src: torch.Tensor, reverse: bool, how: Staging) -> None:
     """dst (..., group, length) <- src, reversed along length if asked, cast to dst's dtype; dst's
-    last dim must have stride 1. With dot_with (src's shape), also returns the row sums of
-    dst * dot_with, (..., group) in dst's dtype, read in the same pass (fftconv's dD)."""
+    last dim must have stride 1."""
     if not how.fused:
         dst.copy_(src.flip(-1) if reverse else src)
-        return None if dot_with is None else (dst * dot_with).sum(-1)
+        return
     src3, dst3 = _as_3d(src), _as_3d(dst)
     batch, group, length = src3.shape
     block = _block(how.interpreted)
     n_blocks = triton.cdiv(length, block)
-    other = src3 if dot_with is None else _as_3d(dot_with)
-    dots = None if dot_with is None else torch.empty(batch, group, n_blocks, dtype=dst.dtype, device=dst.device)
     _load_rows_kernel[(batch * group * n_blocks,)](
-        src3, dst3, other, dst3 if dots is None else dots, group, length, n_blocks, *src3.stride(),
-        dst3.stride(0), dst3.stride(1), *other.stride(), REVERSE=reverse, DOT=dot_with is not None, BLOCK=block)
-    return None if dots is None else dots.sum(-1).view(src.shape[:-1])
+        src3, dst3, group, length, n_blocks, *src3.stride(), dst3.stride(0), dst3.stride(1),
+        REVERSE=reverse, BLOCK=block)
 
 
 def write_window(out: torch.Tensor, corr: torch.Tensor, start: int, D: torch.Tensor | None,
