@@ -74,7 +74,9 @@ class ShortConv(nn.Module):
     def channels_first(self, x: torch.Tensor, input_bias: torch.Tensor | None = None) -> torch.Tensor:
         """(batch, channels, seqlen) -> (batch, channels, seqlen): the convolution of x + input_bias
         (channels,), if given: the bias of the linear layer before it, added here at no extra pass."""
-        weight, bias = self.conv.weight[:, 0], self.conv.bias
+        # (channels, 1, K) -> (channels, K) by a reshape, not `[:, 0]`: a select's backward scatters
+        # into a zero-filled tensor (two kernels), a view's is the same storage reshaped.
+        weight, bias = self.conv.weight.flatten(1), self.conv.bias
         if select_backend(x.device) == "triton":
             interpreted = triton_interpreted()
             xt, wt, bt = autocast_operands(x, weight, bias)

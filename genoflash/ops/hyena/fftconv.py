@@ -38,6 +38,7 @@ all. Each result leaves through one read (`write_window`): the window of the inv
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -58,6 +59,7 @@ class ConvGeometry(NamedTuple):
     fft_len: int  # n: >= seqlen + taps - 1 - lag0, 5-smooth
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of one int, asked on every call (host time)
 def fft_size(min_len: int) -> int:
     """The smallest n >= min_len of the form 2^a 3^b 5^c."""
     best = 1 << max(0, min_len - 1).bit_length()  # a power of two always qualifies
