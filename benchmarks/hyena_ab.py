@@ -48,19 +48,18 @@ def main() -> None:
     args = parser.parse_args()
     from triton.testing import do_bench
 
-    import genoflash
     sys.path.insert(0, args.baseline_path)
-    base = importlib.import_module(args.baseline_package)
-    importlib.import_module(args.baseline_package + ".bench.mixers")
     from genoflash.bench.records import run_metadata
-    trees = dict(zip(args.labels.split(","), (genoflash, base)))
+    # Each tree's `bench.mixers.build`, the layer `bench mixers` times.
+    trees = dict(zip(args.labels.split(","), (importlib.import_module(pkg + ".bench.mixers")
+                                              for pkg in ("genoflash", args.baseline_package))))
     device = torch.device("cuda")
     results = []
     for n in (int(s) for s in args.seqlens.split(",")):
         steps = {}
         for label, pkg in trees.items():
             torch.manual_seed(0)
-            layer = pkg.bench.mixers.build("hyena", args.d_model, n, device, torch.bfloat16)
+            layer = pkg.build("hyena", args.d_model, n, device, torch.bfloat16)
             x = torch.randn(1, n, args.d_model, device=device, dtype=torch.bfloat16, requires_grad=True)
             dy = torch.randn_like(x)
             params = [x, *layer.parameters()]
