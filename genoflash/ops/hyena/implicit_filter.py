@@ -90,9 +90,9 @@ class ImplicitFilterFunction(torch.autograd.Function):
             weight, bias, freq = hidden[k]
             # g = sin(f a): dg/da = f cos(f a), dg/df = a cos(f a).
             dgc = torch.cos(args[k]).mul_(dg)
-            # df = row sums of dgc * a: one batched dot (k rows of taps) instead of a product and a sum.
-            # (Under autocast a is the matmul's bfloat16 and dgc float32: the cast is a no-op otherwise.)
-            dfreq = torch.bmm(dgc[:, None, :], pre[k].to(dgc.dtype)[:, :, None]).view(-1)
+            # Not as a batched dot (bmm of (width, 1, taps) by (width, taps, 1)): cuBLAS runs that
+            # as one long dot product per row, 0.4 ms at 64k taps (H200, thirteenth session).
+            dfreq = (dgc * pre[k]).sum(1)
             da = dgc.mul_(freq[:, None]).to(ct)
             dweight = da @ inputs[k].mT
             dbias = da.sum(1)
