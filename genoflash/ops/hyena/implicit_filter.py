@@ -90,8 +90,9 @@ class ImplicitFilterFunction(torch.autograd.Function):
             weight, bias, freq = hidden[k]
             # g = sin(f a): dg/da = f cos(f a), dg/df = a cos(f a).
             dgc = torch.cos(args[k]).mul_(dg)
-            # Not as a batched dot (bmm of (width, 1, taps) by (width, taps, 1)): cuBLAS runs that
-            # as one long dot product per row, 0.4 ms at 64k taps (H200, thirteenth session).
+            # Not as a batched dot (bmm of (width, 1, taps) by (width, taps, 1)): one op fewer, but
+            # cuBLAS took 56 us for it at 64 x 64k where these two take 19, and 779 against 150 at
+            # 1M (H200, results/h200-2026-11-30-bmm-dot-probe-63500c4.txt).
             dfreq = (dgc * pre[k]).sum(1)
             da = dgc.mul_(freq[:, None]).to(ct)
             dweight = da @ inputs[k].mT
