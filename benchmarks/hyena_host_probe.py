@@ -106,9 +106,43 @@ def host_costs() -> dict:
     return costs
 
 
+def python_profile(seqlen: int, d_model: int, path: str, calls: int = 50, top: int = 45) -> None:
+    """cProfile of `calls` fwd+bwd steps (no synchronisation inside): which Python functions, ours
+    or torch's, hold the host. Written as pstats text, sorted by own time, then by cumulative."""
+    import cProfile
+    import io
+    import pstats
+    device = torch.device("cuda")
+    layer = build("hyena", d_model, seqlen, device, torch.bfloat16)
+    x = torch.randn(1, seqlen, d_model, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    params = [x, *layer.parameters()]
+    for _ in range(3):
+        torch.autograd.grad(layer(x), params, dy)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.enable()
+    for _ in range(calls):
+        torch.autograd.grad(layer(x), params, dy)
+    prof.disable()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / calls * 1e3
+    text = io.StringIO()
+    text.write(f"N={seqlen:,} d_model={d_model}: {calls} fwd+bwd steps under cProfile, {wall:.2f} ms each "
+               f"(profiling slows Python)\n")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(prof, stream=text).sort_stats(key).print_stats(top)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+    print(text.getvalue()[:4000], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--pyprofile", default=None,
+                        help="also write a cProfile of 50 steps at the first seqlen to this text file")
     parser.add_argument("--seqlens", default="16384,65536")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--top", type=int, default=25)
@@ -117,6 +151,8 @@ def main() -> None:
     import genoflash
     print(f"genoflash from {genoflash.__file__}", flush=True)
     results = [probe(int(n), args.d_model, torch.bfloat16, args.top) for n in args.seqlens.split(",")]
+    if args.pyprofile:
+        python_profile(int(args.seqlens.split(",")[0]), args.d_model, args.pyprofile)
     with open(args.out, "w") as f:
         json.dump({"metadata": run_metadata(method="hyena layer fwd+bwd, B1, bf16; wall = synchronised "
                                             "perf_counter median of 20", label=args.label,
