@@ -122,10 +122,13 @@ def python_profile(seqlen: int, d_model: int, path: str, calls: int = 50, top: i
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     start = time.perf_counter()
-    prof.enable()
-    for _ in range(calls):
-        torch.autograd.grad(layer(x), params, dy)
-    prof.disable()
+    # cProfile sees only its own thread, and autograd runs a CUDA backward on a device thread of
+    # its own: with multithreading off the backward runs here, where the profile can see it.
+    with torch.autograd.set_multithreading_enabled(False):
+        prof.enable()
+        for _ in range(calls):
+            torch.autograd.grad(layer(x), params, dy)
+        prof.disable()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / calls * 1e3
     text = io.StringIO()
