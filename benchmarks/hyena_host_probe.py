@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from genoflash.bench.mixers import build
+from genoflash.bench.mixers import layer_step
 from genoflash.bench.records import run_metadata
 
 
@@ -30,14 +30,7 @@ def probe(seqlen: int, d_model: int, dtype: torch.dtype, top: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from triton.testing import do_bench
     device = torch.device("cuda")
-    layer = build("hyena", d_model, seqlen, device, dtype)
-    x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
-    dy = torch.randn_like(x)
-    params = [x, *layer.parameters()]
-
-    def step():
-        torch.autograd.grad(layer(x), params, dy)
-
+    layer, x, dy, params, step = layer_step("hyena", d_model, seqlen, device, dtype)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -112,13 +105,9 @@ def python_profile(seqlen: int, d_model: int, path: str, calls: int = 50, top: i
     import cProfile
     import io
     import pstats
-    device = torch.device("cuda")
-    layer = build("hyena", d_model, seqlen, device, torch.bfloat16)
-    x = torch.randn(1, seqlen, d_model, device=device, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn_like(x)
-    params = [x, *layer.parameters()]
+    step = layer_step("hyena", d_model, seqlen, torch.device("cuda"), torch.bfloat16).step
     for _ in range(3):
-        torch.autograd.grad(layer(x), params, dy)
+        step()
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     start = time.perf_counter()
@@ -127,7 +116,7 @@ def python_profile(seqlen: int, d_model: int, path: str, calls: int = 50, top: i
     with torch.autograd.set_multithreading_enabled(False):
         prof.enable()
         for _ in range(calls):
-            torch.autograd.grad(layer(x), params, dy)
+            step()
         prof.disable()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / calls * 1e3

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from genoflash.bench.mixers import build
+from genoflash.bench.mixers import layer_step
 from genoflash.bench.records import run_metadata
 
 
@@ -27,14 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     from torch.profiler import ProfilerActivity, profile
     device = torch.device("cuda")
-    layer = build("hyena", args.d_model, args.seqlen, device, torch.bfloat16)
-    x = torch.randn(1, args.seqlen, args.d_model, device=device, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn_like(x)
-    params = [x, *layer.parameters()]
-
-    def step():
-        torch.autograd.grad(layer(x), params, dy)
-
+    step = layer_step("hyena", args.d_model, args.seqlen, device, torch.bfloat16).step
     for _ in range(3):
         step()
     torch.cuda.synchronize()

@@ -29,6 +29,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -80,17 +81,32 @@ def time_and_peak(step, device) -> dict:
     return {"ms": _time(step, device), "peak_gib": peak}
 
 
+class LayerStep(NamedTuple):
+    """One layer's forward+backward as timed here: `step()` runs it at batch 1 on the random input
+    x with the upstream gradient dy, taking gradients of `params` (x and every parameter)."""
+    layer: torch.nn.Module
+    x: torch.Tensor
+    dy: torch.Tensor
+    params: list
+    step: Callable[[], None]
+
+
+def layer_step(mixer: str, d_model: int, seqlen: int, device, dtype) -> LayerStep:
+    layer = build(mixer, d_model, seqlen, device, dtype)
+    x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn_like(x)
+    params = [x, *layer.parameters()]
+
+    def step():
+        torch.autograd.grad(layer(x), params, dy)
+
+    return LayerStep(layer, x, dy, params, step)
+
+
 def measure(mixer: str, d_model: int, seqlen: int, device, dtype) -> dict:
     """{"ms", "peak_gib"} of one layer's forward+backward, or {"error"}."""
     try:
-        layer = build(mixer, d_model, seqlen, device, dtype)
-        x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
-        dy = torch.randn_like(x)
-
-        def step():
-            torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
-
-        return time_and_peak(step, device)
+        return time_and_peak(layer_step(mixer, d_model, seqlen, device, dtype).step, device)
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     finally:
@@ -220,13 +236,7 @@ def kernel_breakdown(mixer: str, d_model: int, seqlen: int, device, dtype, top: 
     kernels' total means the GPU waits on the host (launches, Python), as Hyena's flat 1k-32k
     times suggest; kernels adding up to it mean the kernels themselves are the cost."""
     from torch.profiler import ProfilerActivity, profile
-    layer = build(mixer, d_model, seqlen, device, dtype)
-    x = torch.randn(1, seqlen, d_model, device=device, dtype=dtype, requires_grad=True)
-    dy = torch.randn_like(x)
-
-    def step():
-        torch.autograd.grad(layer(x), [x, *layer.parameters()], dy)
-
+    step = layer_step(mixer, d_model, seqlen, device, dtype).step
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     step()
