@@ -213,6 +213,8 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_dh else None
     dD = torch.empty(D.shape, dtype=D.dtype, device=D.device) if need_dD else None
     # Slots: dy's rows, then x's reversed (for dh), then h reversed (for dx); one rfft per group.
+    # All live at once (dy's and x's rows no longer take turns in one buffer): one more
+    # activation-sized group buffer at the peak, ~0.25 GiB at 1M tokens (NOTES, thirteenth session).
     x_slot, h_slot = batch, batch * (2 if need_dh else 1)
     lengths = [seqlen] * (batch * (2 if need_dh else 1)) + ([geo.taps] if need_dx else [])
     rows = StagedRows(lengths, min(chunk, channels), n, dtype, device, how) if (need_dx or need_dh) else None

@@ -79,8 +79,10 @@ class ImplicitFilterFunction(torch.autograd.Function):
         ct = g_last.dtype
         if all(g is None for g in grads):  # no filter reached a loss
             return (None,) * (5 + 3 * n)
-        # An order whose filter reached no loss contributes zero rows.
-        grads = [torch.zeros_like(window) if g is None else g for g in grads]
+        # An order whose filter reached no loss contributes zero rows (in the others' dtype: the
+        # filters' own, which the stack and the in-place product keep).
+        present = next(g for g in grads if g is not None)
+        grads = [torch.zeros_like(present) if g is None else g for g in grads]
         dz = torch.stack(grads).mul_(window).to(ct).view(w_last.shape[0], -1)  # d(z * window)/dz
         dw_last = dz @ g_last.mT
         db_last = dz.sum(1)
