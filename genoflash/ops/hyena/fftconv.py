@@ -90,7 +90,7 @@ def auto_channel_chunk(batch: int, channels: int, geo: ConvGeometry, dtype: torc
     """Channels per group such that one group's spectrum of x stays near GROUP_SPECTRUM_BYTES.
 
     A channel's spectrum holds n / 2 + 1 complex numbers, about n reals: 8 MiB at 1M tokens in fp32."""
-    per_channel = batch * geo.fft_len * torch.empty((), dtype=dtype).element_size()
+    per_channel = batch * geo.fft_len * dtype.itemsize
     return max(1, min(channels, GROUP_SPECTRUM_BYTES // per_channel))
 
 
