@@ -128,9 +128,15 @@ class StagedRows:
         assert all(self.lengths[s] == length for s in range(slot, slot + rows)), "slot holds another length"
         load_rows(self.buf[slot: slot + rows, :group, :length], src3, reverse, self.how)
 
-    def spectrum(self, group: int) -> torch.Tensor:
-        """rfft of every slot's first `group` rows: (slots, group, n // 2 + 1)."""
-        return torch.fft.rfft(self.buf[:, :group])
+    def spectrum(self, group: int, last: bool) -> torch.Tensor:
+        """rfft of every slot's first `group` rows: (slots, group, n // 2 + 1). After the last
+        group the buffer is released at once, so the products and inverse FFTs that follow reuse
+        its memory: with one group (every length up to ~64k at d_model 256) the peak is then the
+        spectrum's, not the rows' and the spectrum's together."""
+        spectrum = torch.fft.rfft(self.buf[:, :group])
+        if last:
+            self.buf = None  # stream-ordered: the allocator hands it out only after the rfft ran
+        return spectrum
 
 
 def _inverse(spectrum: torch.Tensor, n: int, how: Staging) -> torch.Tensor:
@@ -175,7 +181,7 @@ def fftconv_forward(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, ge
     for cs in _channel_groups(channels, chunk):
         rows.load(0, xc[:, cs])
         rows.load(batch, h[cs])
-        spectrum = rows.spectrum(cs.stop - cs.start)
+        spectrum = rows.spectrum(cs.stop - cs.start, last=cs.stop == channels)
         product = spectrum[:batch]
         product.mul_(spectrum[batch])  # in place: the product needs no spectrum of its own
         conv = _inverse(product, n, how)
@@ -213,8 +219,9 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_dh else None
     dD = torch.empty(D.shape, dtype=D.dtype, device=D.device) if need_dD else None
     # Slots: dy's rows, then x's reversed (for dh), then h reversed (for dx); one rfft per group.
-    # All live at once (dy's and x's rows no longer take turns in one buffer): one more
-    # activation-sized group buffer at the peak, ~0.25 GiB at 1M tokens (NOTES, thirteenth session).
+    # All three live at once (dy's and x's rows used to take turns in one buffer), so with several
+    # groups the rows hold one activation-sized group more than they did; after the last group's
+    # rfft the rows are freed (`StagedRows.spectrum`), so with one group the peak is lower than it was.
     x_slot, h_slot = batch, batch * (2 if need_dh else 1)
     lengths = [seqlen] * (batch * (2 if need_dh else 1)) + ([geo.taps] if need_dx else [])
     rows = StagedRows(lengths, min(chunk, channels), n, dtype, device, how) if (need_dx or need_dh) else None
@@ -228,7 +235,7 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
             rows.load(x_slot, xc[:, cs], reverse=True)
         if need_dx:
             rows.load(h_slot, h[cs], reverse=True)
-        spectrum = rows.spectrum(cs.stop - cs.start)
+        spectrum = rows.spectrum(cs.stop - cs.start, last=cs.stop == channels)
         dy_spectrum = spectrum[:batch]
         if need_dh:
             product = spectrum[x_slot: x_slot + batch]
