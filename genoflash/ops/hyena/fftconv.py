@@ -128,13 +128,12 @@ class StagedRows:
         assert all(self.lengths[s] == length for s in range(slot, slot + rows)), "slot holds another length"
         load_rows(self.buf[slot: slot + rows, :group, :length], src3, reverse, self.how)
 
-    def spectrum(self, group: int, last: bool) -> torch.Tensor:
-        """rfft of every slot's first `group` rows: (slots, group, n // 2 + 1), in one batched call
-        where the host bounds the layer (short lengths). After the last group the buffer is
-        released at once, so the products and inverse FFTs that follow reuse its memory: with one
-        group (every length up to ~64k at d_model 256) the peak is then the spectrum's, not the
-        rows' and the spectrum's together."""
-        rows = self.buf[:, :group]
+    def spectrum(self, group: int, last: bool, slots: slice = slice(None)) -> torch.Tensor:
+        """rfft of the first `group` rows of `slots` (all by default): (slots, group, n // 2 + 1), in
+        one batched call where the host bounds the layer (short lengths). `last`: no rfft of this
+        buffer follows, so it is released at once and the products and inverse FFTs that follow
+        reuse its memory."""
+        rows = self.buf[slots, :group]
         if self.how.fused:
             # Large groups (where the staging kernels run): one rfft per slot, into one spectrum.
             # cuFFT's work area grows with the batch of one call (it raised the layer's peak at
@@ -230,27 +229,39 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
     dxc = _empty_activation(xc, channels_last) if need_dx else None
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_dh else None
     dD = torch.empty(D.shape, dtype=D.dtype, device=D.device) if need_dD else None
-    # Slots: dy's rows, then x's reversed (for dh), then h reversed (for dx); one rfft per group.
-    # All three live at once (dy's and x's rows used to take turns in one buffer), so with several
-    # groups the rows hold one activation-sized group more than they did; after the last group's
-    # rfft the rows are freed (`StagedRows.spectrum`), so with one group the peak is lower than it was.
-    x_slot, h_slot = batch, batch * (2 if need_dh else 1)
-    lengths = [seqlen] * (batch * (2 if need_dh else 1)) + ([geo.taps] if need_dx else [])
+    # Where the host bounds the layer (short lengths, torch staging), every operand has its own
+    # slots and one rfft per group transforms dy, x reversed (for dh) and h reversed (for dx)
+    # together. Where the GPU does (the staging kernels' sizes), memory matters more than op
+    # count: x's rows take dy's slots once dy's spectrum is taken, and each is transformed on
+    # its own, so at most two spectra of a group are alive, as before the slots were shared.
+    together = not how.fused
+    x_slot = batch if together else 0
+    h_slot = batch * (2 if together and need_dh else 1)
+    lengths = [seqlen] * (h_slot if need_dh else batch) + ([geo.taps] if need_dx else [])
     rows = StagedRows(lengths, min(chunk, channels), n, dtype, device, how) if (need_dx or need_dh) else None
     for cs in _channel_groups(channels, chunk):
         if need_dD and not need_dh:  # no correlation to read it from: the direct sum, in the compute dtype
             dD[cs] = (dyc[:, cs].to(dtype) * xc[:, cs].to(dtype)).sum((0, 2))
         if rows is None:
             continue
+        group, last = cs.stop - cs.start, cs.stop == channels
         rows.load(0, dyc[:, cs])
+        if together:
+            if need_dh:
+                rows.load(x_slot, xc[:, cs], reverse=True)
+            if need_dx:
+                rows.load(h_slot, h[cs], reverse=True)
+            spectrum = rows.spectrum(group, last)
+            dy_spectrum = spectrum[:batch]
+        else:
+            spectrum = None
+            dy_spectrum = rows.spectrum(group, False, slots=slice(0, batch))
         if need_dh:
-            rows.load(x_slot, xc[:, cs], reverse=True)
-        if need_dx:
-            rows.load(h_slot, h[cs], reverse=True)
-        spectrum = rows.spectrum(cs.stop - cs.start, last=cs.stop == channels)
-        dy_spectrum = spectrum[:batch]
-        if need_dh:
-            product = spectrum[x_slot: x_slot + batch]
+            if together:
+                product = spectrum[x_slot: x_slot + batch]
+            else:  # into dy's slots, whose spectrum is taken
+                rows.load(x_slot, xc[:, cs], reverse=True)
+                product = rows.spectrum(group, last and not need_dx, slots=slice(x_slot, x_slot + batch))
             product.mul_(dy_spectrum)  # x's spectrum is not needed after
             corr = _inverse(_batch_sum(product), n, how)
             del product
@@ -259,7 +270,13 @@ def fftconv_backward(dy: torch.Tensor, x: torch.Tensor, h: torch.Tensor, D: torc
                 torch.mul(corr[:, seqlen - 1], 1.0 / n if how.fused else 1.0, out=dD[cs])
             del corr
         if need_dx:  # the skip term's share, D dy, is added in the same pass: d(D x)/dx = D
-            dy_spectrum.mul_(spectrum[h_slot])  # dy's spectrum is not needed after
+            if together:
+                h_spectrum = spectrum[h_slot]
+            else:
+                rows.load(h_slot, h[cs], reverse=True)
+                h_spectrum = rows.spectrum(group, last, slots=slice(h_slot, h_slot + 1))[0]
+            dy_spectrum.mul_(h_spectrum)  # dy's spectrum is not needed after
+            del h_spectrum
             corr = _inverse(dy_spectrum, n, how)
             write_window(dxc[:, cs], corr, geo.taps - 1 - geo.lag0, None if D is None else D[cs], dyc[:, cs], how)
         del spectrum, dy_spectrum
