@@ -99,9 +99,10 @@ def _channel_groups(channels: int, chunk: int):
 
 
 class StagedRows:
-    """One (slots, chunk, n) buffer in the compute dtype holding every operand a pass transforms,
-    so that each channel group takes one batched rfft for all of them, not one per operand: at
-    short lengths the layer is bound by host time per op (benchmarks/NOTES.md).
+    """One (slots, chunk, n) buffer in the compute dtype for the operands a pass transforms. At
+    short lengths, where the layer is bound by host time per op (benchmarks/NOTES.md), each
+    operand has its own slots and one batched rfft per group transforms them all; at long ones
+    `spectrum` transforms slot by slot, and the backward lets operands take turns in the slots.
 
     `lengths[s]` is the length of the rows slot s holds (an activation fills `batch` slots, a
     filter one). Invariant: in slot s, columns >= lengths[s] are zero. They are zeroed once, here,
@@ -136,9 +137,9 @@ class StagedRows:
         rows = self.buf[slots, :group]
         if self.how.fused:
             # Large groups (where the staging kernels run): one rfft per slot, into one spectrum.
-            # cuFFT's work area grows with the batch of one call (it raised the layer's peak at
-            # 64k by ~0.27 GiB with three slots in one call); the calls cost nothing that matters
-            # at these sizes, where the GPU, not the host, bounds the layer.
+            # cuFFT's work area grows with the batch of one call (the suspected part of +0.27 GiB
+            # at 64k with three slots in one call, NOTES, thirteenth session); the extra calls cost
+            # nothing that matters at these sizes, where the GPU, not the host, bounds the layer.
             spectrum = torch.empty(*rows.shape[:-1], self.buf.shape[-1] // 2 + 1, dtype=rows.dtype.to_complex(),
                                    device=rows.device)
             for slot in range(rows.shape[0]):
