@@ -32,8 +32,9 @@ Traffic. Each operand reaches its FFT through one write (staging.py, `load_rows`
 the compute dtype, and reversed where the backward needs it, into the head of a zero-padded
 buffer whose tail is zeroed once per call (`StagedRows`), not cast, then padded, per group.
 The operands of a pass share that buffer; at short lengths, where host time per op bounds
-the layer, one batched rfft per group transforms them all. Each result leaves through one read (`write_window`): the window of the inverse FFT, its
-1/n, the skip term D x and the cast to the output dtype in one pass.
+the layer, one batched rfft per group transforms them all. Each result leaves through one read
+(`write_window`): the window of the inverse FFT, its 1/n, the skip term D x and the cast to
+the output dtype in one pass.
 """
 
 from __future__ import annotations
