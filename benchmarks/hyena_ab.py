@@ -57,9 +57,10 @@ def main() -> None:
     results = []
     for n in (int(s) for s in args.seqlens.split(",")):
         steps = {}
-        for label, pkg in trees.items():
+        for label, mixers in trees.items():
             torch.manual_seed(0)
-            layer = pkg.build("hyena", args.d_model, n, device, torch.bfloat16)
+            # `build`, not `mixers.layer_step`: trees older than 835859d have only the former.
+            layer = mixers.build("hyena", args.d_model, n, device, torch.bfloat16)
             x = torch.randn(1, n, args.d_model, device=device, dtype=torch.bfloat16, requires_grad=True)
             dy = torch.randn_like(x)
             params = [x, *layer.parameters()]
