@@ -52,6 +52,10 @@ SETS = {
     "dv192": [(1, 8, 16384, 128, 192, False, None), (1, 8, 16384, 192, 128, False, None)],
     # (64, 192), Enformer's: fwd+bwd 372 TF/s against its issue-3 bar of 380 (2026-11-30).
     "dv64": [(1, 8, 16384, 64, 192, False, None)],
+    # V held as two channel groups (configs.value_blocks: 192 = 128 + 64, no padded channels):
+    # the tiles chosen for the padded 256-wide V no longer bind. Candidates that compile at
+    # sm_90 without spills and within shared memory (offline_compile.py, 2026-11-30).
+    "dv-split": [(1, 8, 16384, 64, 192, False, None), (1, 8, 16384, 128, 192, False, None)],
     "rope-spills": [(1, 16, 16384, 128, 128, False, None, torch.float16),
                     (1, 16, 16384, 128, 128, False, None, torch.float32)],
 }
@@ -74,6 +78,11 @@ CANDIDATES = {
                                        (16, 64, 4, 3), (16, 128, 8, 3)]],
              [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 4),
                                        (128, 32, 8, 4)]]),
+    "dv-split": ([TileConfig(*c) for c in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 128, 8, 3)]],
+                 [TileConfig(*c) for c in [(16, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 3),
+                                           (32, 64, 4, 3)]],
+                 [TileConfig(*c) for c in [(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
+                                           (128, 64, 8, 2)]]),
     "masked-dkdv": ([], [TileConfig(*c) for c in [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 4, 3),
                                                   (32, 64, 4, 3)]], []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],

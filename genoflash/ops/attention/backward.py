@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from .block_info import _kv_block_range, _q_block_range
-from .configs import backward_config, dkdv_group_split
+from .configs import backward_config, dkdv_group_split, value_blocks
 from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
@@ -36,7 +36,8 @@ from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
-from .tiles import _atomic_add_tile_tma, _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile
+from .tiles import (_atomic_add_tile_tma, _head_base, _load_tile, _load_tile_tma, _load_tile_tma_at, _row_ptr,
+                    _store_tile)
 
 
 @triton.jit
@@ -65,14 +66,14 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                          q_desc, dq_base, dq_desc, stride_dqm, off_b, off_h, start_n, lo, mid_lo, mid_hi, hi,
                          seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                         HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr,
+                         HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                          ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
@@ -84,11 +85,15 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
 
     Works in the transposed frame (keys down, queries across) so that dK and dV come out
     of the dots in the layout they are stored in. Rows past seqlen_q read as q = dO = 0
-    with lse = +inf, so their P is exactly 0 and they need no score mask.
+    with lse = +inf, so their P is exactly 0 and they need no score mask. With BLOCK_DVT > 0
+    (configs.value_blocks) V, dO and dV are two channel groups each (vt, the dO tail, dvt), as
+    in the forward; otherwise vt and dvt are placeholders nothing touches.
     """
     offs_m = tl.arange(0, BLOCK_M)
     cols = (start_n + tl.arange(0, BLOCK_N))[:, None]
     offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dvt = tl.arange(0, BLOCK_DVT if BLOCK_DVT > 0 else 16)
+    DV_MAIN: tl.constexpr = BLOCK_DV if BLOCK_DVT > 0 else HEAD_DIM_V  # channels of the first group
     for start_m in range(lo, hi, BLOCK_M):
         rows = (start_m + offs_m)[None, :]
         # dO always by pointers: by TMA as well, this kernel (at 255 registers) spilled or
@@ -101,8 +106,11 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
             qa, qb, qp = _load_qk(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
                                   start_m + offs_m + (seqlen_k - seqlen_q), COS, SIN, stride_rot, HEAD_DIM,
                                   ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
-        do = _load_tile(_row_ptr(do_base, start_m, stride_dom), offs_m, seqlen_q - start_m, stride_dom,
-                        offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+        do_row = _row_ptr(do_base, start_m, stride_dom)
+        do = _load_tile(do_row, offs_m, seqlen_q - start_m, stride_dom, offs_dv, DV_MAIN, BLOCK_DV, True)
+        if BLOCK_DVT > 0:
+            do_t = _load_tile(do_row + BLOCK_DV, offs_m, seqlen_q - start_m, stride_dom, offs_dvt,
+                              HEAD_DIM_V - BLOCK_DV, BLOCK_DVT, True)
         in_rows = offs_m < seqlen_q - start_m
         lse2 = _lse_for_recompute(tl.load(_row_ptr(lse_base, start_m, 1) + offs_m, mask=in_rows,
                                           other=float("-inf")))
@@ -120,12 +128,16 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
                                    window_right, HAS_LEFT, HAS_RIGHT, EDGES_ONLY)
         pT = tl.math.exp2(sT * qk_scale_log2 - lse2[None, :])
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        if BLOCK_DVT > 0:  # dP sums over all of V's channels: the second group adds its share
+            dpT = tl.dot(vt, tl.trans(do_t), dpT, input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:  # dV sees the dropped P; dP flows back through the kept scores only
-            dv = tl.dot(tl.where(keepT, pT * dropout_rescale, 0.0).to(do.dtype), do, dv,
-                        input_precision=INPUT_PRECISION)
+            pT_used = tl.where(keepT, pT * dropout_rescale, 0.0).to(do.dtype)
             dpT = tl.where(keepT, dpT * dropout_rescale, 0.0)
         else:
-            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            pT_used = pT.to(do.dtype)
+        dv = tl.dot(pT_used, do, dv, input_precision=INPUT_PRECISION)
+        if BLOCK_DVT > 0:
+            dvt = tl.dot(pT_used, do_t, dvt, input_precision=INPUT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tanhT * tanhT)
@@ -145,7 +157,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_
                 _atomic_add_qk_grad(_row_ptr(dq_base, start_m, stride_dqm), gqa, gqb, gqp, offs_m,
                                     seqlen_q - start_m, stride_dqm, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
                                     ROTARY_INTERLEAVED)
-    return dka, dkb, dkp, dv
+    return dka, dkb, dkp, dv, dvt
 
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
@@ -164,7 +176,8 @@ def _attn_bwd_dkdv_kernel(
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     heads_per_split, stride_dk_split, stride_dv_split,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
@@ -178,17 +191,25 @@ def _attn_bwd_dkdv_kernel(
         return
     offs_n = tl.arange(0, BLOCK_N)
     offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dvt = tl.arange(0, BLOCK_DVT if BLOCK_DVT > 0 else 16)
+    DV_MAIN: tl.constexpr = BLOCK_DV if BLOCK_DVT > 0 else HEAD_DIM_V  # as in _attn_bwd_dkdv_tiles
     # K (rotated once, with RoPE) and V tiles stay on chip; dK and dV accumulate in registers
     # over all query tiles.
     ka, kb, kp = _load_qk(_row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn),
                           offs_n, seqlen_k - start_n, stride_kn, start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM,
                           ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_N, True)
-    v = _load_tile(_row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start + start_n, stride_vn),
-                   offs_n, seqlen_k - start_n, stride_vn, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+    v_row = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start + start_n, stride_vn)
+    v = _load_tile(v_row, offs_n, seqlen_k - start_n, stride_vn, offs_dv, DV_MAIN, BLOCK_DV, True)
     dka = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
     dkb = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
     dkp = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    vt = v  # placeholders unless V is split (configs.value_blocks)
+    dvt = tl.zeros([1, 1], dtype=tl.float32)
+    if BLOCK_DVT > 0:
+        vt = _load_tile(v_row + BLOCK_DV, offs_n, seqlen_k - start_n, stride_vn, offs_dvt, HEAD_DIM_V - BLOCK_DV,
+                        BLOCK_DVT, True)
+        dvt = tl.zeros([BLOCK_N, BLOCK_DVT], dtype=tl.float32)
 
     lo, mid_lo, mid_hi, hi = _q_block_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                             BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -221,13 +242,13 @@ def _attn_bwd_dkdv_kernel(
             # as the forward and the dQ pass have them) ptxas serialised every wgmma of this kernel
             # (its note C7515 at sm_90; benchmarks/offline_compile.py marks such kernels
             # WGMMA-SERIALIZED): the dK/dV accumulators flow from one loop into the next.
-            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
                                       HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
                                       HAS_DROPOUT, True, True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
         else:
@@ -235,31 +256,31 @@ def _attn_bwd_dkdv_kernel(
             # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
             # full attention's loop took 536 instructions against 520), and this is the form the
             # tile table was measured with. EDGES_ONLY is off: the middle bounds go unused.
-            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, mid_lo, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, mid_lo, mid_lo, mid_hi, mid_hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       False, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dv = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, ka, kb, kp, v, q_base, do_base, lse_base,
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, mid_hi, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                       HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
                                       True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
 
@@ -271,29 +292,35 @@ def _attn_bwd_dkdv_kernel(
                    dka * softmax_scale, dkb * softmax_scale, dkp * softmax_scale, start_n + offs_n, offs_n,
                    seqlen_k - start_n, stride_dkn, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
                    ROTARY_INTERLEAVED)
-    _store_tile(_row_ptr(_head_base(DV, off_b, off_hk, stride_dvb, stride_dvh), k_start + start_n, stride_dvn),
-                dv, offs_n, seqlen_k - start_n, stride_dvn, offs_dv, HEAD_DIM_V, BLOCK_DV)
+    dv_row = _row_ptr(_head_base(DV, off_b, off_hk, stride_dvb, stride_dvh), k_start + start_n, stride_dvn)
+    _store_tile(dv_row, dv, offs_n, seqlen_k - start_n, stride_dvn, offs_dv, DV_MAIN, BLOCK_DV)
+    if BLOCK_DVT > 0:
+        _store_tile(dv_row + BLOCK_DV, dvt, offs_n, seqlen_k - start_n, stride_dvn, offs_dvt, HEAD_DIM_V - BLOCK_DV,
+                    BLOCK_DVT)
 
 
 @triton.jit
-def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, k_desc,
-                       v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo, mid_hi, hi,
+def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base, stride_kn, stride_vn,
+                       k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo, mid_hi, hi,
                        seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                        slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                        dropout_rescale,
                        HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                       HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr,
+                       HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                        ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
                        EDGES_ONLY: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
     """Accumulate one query tile's dQ (unscaled, rotated frame, as groups a/b/p) over key tiles [lo, hi).
     MASKED masks the scores of every key tile (and bounds its loads by seqlen_k); with EDGES_ONLY
-    as well, only the scores of those outside [mid_lo, mid_hi), which straddle a mask boundary."""
+    as well, only the scores of those outside [mid_lo, mid_hi), which straddle a mask boundary.
+    With BLOCK_DVT > 0 (configs.value_blocks) dO and V are two channel groups each (do_t, vt)."""
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
     offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dvt = tl.arange(0, BLOCK_DVT if BLOCK_DVT > 0 else 16)
+    DV_MAIN: tl.constexpr = BLOCK_DV if BLOCK_DVT > 0 else HEAD_DIM_V  # channels of the first group
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
         if TMA:  # rows past the end read as 0
@@ -305,12 +332,17 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
                 ka = kp  # never read without RoPE
                 kb = kp
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
+            if BLOCK_DVT > 0:
+                vt = _load_tile_tma_at(vt_desc, off_b, start_n, off_hk, BLOCK_DV, BLOCK_N, BLOCK_DVT)
         else:
             ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
                                   start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
                                   ROTARY_INTERLEAVED, BLOCK_N, MASKED)
-            v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
-                           offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+            v_row = _row_ptr(v_base, start_n, stride_vn)
+            v = _load_tile(v_row, offs_n, seqlen_k - start_n, stride_vn, offs_dv, DV_MAIN, BLOCK_DV, MASKED)
+            if BLOCK_DVT > 0:
+                vt = _load_tile(v_row + BLOCK_DV, offs_n, seqlen_k - start_n, stride_vn, offs_dvt,
+                                HEAD_DIM_V - BLOCK_DV, BLOCK_DVT, MASKED)
         s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         if HAS_DROPOUT:  # drawn while the tensor cores compute s (it does not depend on s)
             keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
@@ -324,6 +356,8 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
                                   window_right, HAS_LEFT, HAS_RIGHT, EDGES_ONLY)
         p = tl.math.exp2(s * qk_scale_log2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        if BLOCK_DVT > 0:  # dP sums over all of V's channels: the second group adds its share
+            dp = tl.dot(do_t, tl.trans(vt), dp, input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
             dp = tl.where(keep, dp * dropout_rescale, 0.0)
         ds = p * (dp - delta[:, None])
@@ -337,7 +371,7 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_bas
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc, kp_desc,
-    cos_desc, sin_desc,
+    cos_desc, sin_desc, vt_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -348,7 +382,8 @@ def _attn_bwd_dq_kernel(
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
@@ -361,14 +396,20 @@ def _attn_bwd_dq_kernel(
     off_hk = off_h // kv_group
     offs_m = tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dvt = tl.arange(0, BLOCK_DVT if BLOCK_DVT > 0 else 16)
+    DV_MAIN: tl.constexpr = BLOCK_DV if BLOCK_DVT > 0 else HEAD_DIM_V  # as in _attn_bwd_dq_tiles
     row = q_start + start_m
     # Q (rotated once, with RoPE), dO, lse and delta for this tile stay on chip for the whole key loop.
     q_positions = start_m + offs_m + (seqlen_k - seqlen_q)
     qa, qb, qp = _load_qk(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm), offs_m,
                           seqlen_q - start_m, stride_qm, q_positions, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM,
                           BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
-    do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
-                    seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+    do_row = _row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom)
+    do = _load_tile(do_row, offs_m, seqlen_q - start_m, stride_dom, offs_dv, DV_MAIN, BLOCK_DV, True)
+    do_t = do  # placeholder unless V is split (configs.value_blocks)
+    if BLOCK_DVT > 0:
+        do_t = _load_tile(do_row + BLOCK_DV, offs_m, seqlen_q - start_m, stride_dom, offs_dvt, HEAD_DIM_V - BLOCK_DV,
+                          BLOCK_DVT, True)
     in_rows = offs_m < seqlen_q - start_m
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
@@ -390,28 +431,28 @@ def _attn_bwd_dq_kernel(
         # Masked edge, whole tiles, masked edge: three loops. K and V come by TMA (bounds handled
         # by the copy engine), and this form compiled best at sm_90 (fewest loop instructions,
         # no serialised wgmma).
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
                             start_m, lo, lo, hi, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, False, INPUT_PRECISION, TMA)
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
                             start_m, mid_lo, lo, hi, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, False, False, INPUT_PRECISION, TMA)
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
                             start_m, mid_hi, lo, hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, False, INPUT_PRECISION, TMA)
     else:
@@ -419,12 +460,12 @@ def _attn_bwd_dq_kernel(
         # masked edges included, loads bounded by seqlen_k. As three loops, ptxas serialised every
         # wgmma of this kernel (note C7515 at sm_90; benchmarks/offline_compile.py --varlen marks
         # it WGMMA-SERIALIZED), as it did the dK/dV pass's masked loops.
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
+                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
                             start_m, lo, mid_lo, mid_hi,
                             hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, True, INPUT_PRECISION, TMA)
     # dq is w.r.t. the rotated queries; with RoPE the transposed rotation maps it back on the way out.
@@ -467,7 +508,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     kv_group = nheads // nheads_k
     cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes,
                          a.dropout is not None)
-    block_dv = head_block(head_dim_v)
+    block_dv, block_dvt = value_blocks(head_dim_v)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
     stride_lse_b, stride_lse_h = (0, lse.stride(0)) if a.varlen else (lse.stride(0), lse.stride(1))
@@ -477,7 +518,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     _attn_bwd_preprocess_kernel[(num_m_pre * batch * nheads,)](
         out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
         stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
-        HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_M=cfg.preprocess_block, IS_VARLEN=a.varlen,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v), BLOCK_M=cfg.preprocess_block, IS_VARLEN=a.varlen,
     )
 
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -492,18 +533,21 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, dout)
     rope_tma = cfg.dq_rope_by_tma and rope_tma_applies(a.varlen, a.rotary_interleaved, a.rotary_cos,
                                                        a.rotary_sin, q, k, v, dout)
-    shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, TMA=tma, **constexprs)
+    shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_DVT=block_dvt, TMA=tma,
+                  **constexprs)
     # The one-pass backward (deterministic=False where the tile table takes it; below) keeps Q on
     # pointer loads in its dK/dV pass.
     fused = not a.deterministic and cfg.one_pass
     dkdv_tma = tma and cfg.dkdv_q_by_tma and not fused
-    dkdv_desc, dq_descs = None, [None] * 5  # dQ pass: K, V, then K's pass-through and cos/sin (RoPE)
+    # dQ pass: K, V, then K's pass-through and cos/sin (RoPE), then V's second channel group
+    dkdv_desc, dq_descs = None, [None] * 6
     if dkdv_tma:
         dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
     if tma or rope_tma:
         k_desc, *rope_descs = key_descriptors(k, cfg.dq.block_n, blocks, rope_tma, a.rotary_dim, a.rotary_cos,
                                               a.rotary_sin)
-        dq_descs = [k_desc, tile_descriptor(v, cfg.dq.block_n, block_dv), *rope_descs]
+        dq_descs = [k_desc, tile_descriptor(v, cfg.dq.block_n, block_dv), *rope_descs,
+                    tile_descriptor(v, cfg.dq.block_n, block_dvt) if block_dvt else None]
 
     # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
     # accumulator (5 matmuls in all instead of 7: no dQ pass recomputing P and dP), and a light

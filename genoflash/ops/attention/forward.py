@@ -21,7 +21,7 @@ import triton.language as tl
 from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from .configs import forward_config, forward_key_chunk
+from .configs import forward_config, forward_key_chunk, value_blocks
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
@@ -31,18 +31,21 @@ from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 from .tile_scheduler import _tile_of_program
-from .tiles import _head_base, _load_tile, _load_tile_tma, _row_ptr, _store_tile, _store_tile_tma
+from .tiles import (_head_base, _load_tile, _load_tile_tma, _load_tile_tma_at, _row_ptr, _store_tile,
+                    _store_tile_tma, _store_tile_tma_at)
 
 
 @triton.jit
-def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc, sin_desc,
+def _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, vt_desc, kp_desc, cos_desc,
+                    sin_desc,
                     off_b, off_hk, stride_kn,
                     stride_vn, start_m, lo, hi,
                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                     slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                     dropout_rescale,
                     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                     ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
@@ -51,10 +54,16 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, k
 
     Invariant after each tile: acc is un-normalised (acc / l_i is the output over the keys
     seen so far), m_i is the running row max of scale*log2(e)*s, and l_i = sum exp2(. - m_i).
+    With BLOCK_DVT > 0 (configs.value_blocks), V's channels are two groups, [0, BLOCK_DV) and
+    [BLOCK_DV, HEAD_DIM_V), and acc_t is the second group's accumulator under the same invariant;
+    otherwise acc_t is a placeholder nothing touches.
     """
     rows = (start_m + tl.arange(0, BLOCK_M))[:, None]
     offs_n = tl.arange(0, BLOCK_N)
     offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dvt = tl.arange(0, BLOCK_DVT if BLOCK_DVT > 0 else 16)
+    # Channels of the first group that exist: all of it when V is split (its tail holds the rest).
+    DV_MAIN: tl.constexpr = BLOCK_DV if BLOCK_DVT > 0 else HEAD_DIM_V
     for start_n in range(lo, hi, BLOCK_N):
         cols = (start_n + offs_n)[None, :]
         # Only masked tiles can hold the seqlen_k tail, so only they check rows.
@@ -72,6 +81,8 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, k
             # between the two dots (sm_90 SASS; fwd_variants_probe's minimal kernel, which
             # loads them together, measured 5-11% faster with the same loop body).
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
+            if BLOCK_DVT > 0:  # V's second channel group: its own box, from channel BLOCK_DV on
+                vt = _load_tile_tma_at(vt_desc, off_b, start_n, off_hk, BLOCK_DV, BLOCK_N, BLOCK_DVT)
             s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
         else:
             ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
@@ -95,16 +106,22 @@ def _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, k
             # once, after the loop, instead of to every score here.
             p = tl.where(keep, p, 0.0)
         if not TMA:
-            v = _load_tile(_row_ptr(v_base, start_n, stride_vn), offs_n, seqlen_k - start_n, stride_vn,
-                           offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
-    return acc, m_i, l_i
+            v_row = _row_ptr(v_base, start_n, stride_vn)
+            v = _load_tile(v_row, offs_n, seqlen_k - start_n, stride_vn, offs_dv, DV_MAIN, BLOCK_DV, MASKED)
+            if BLOCK_DVT > 0:
+                vt = _load_tile(v_row + BLOCK_DV, offs_n, seqlen_k - start_n, stride_vn, offs_dvt,
+                                HEAD_DIM_V - BLOCK_DV, BLOCK_DVT, MASKED)
+        p = p.to(v.dtype)
+        if BLOCK_DVT > 0:  # the same P against the second channel group: no padded channels in the dot
+            acc_t = tl.dot(p, vt, acc_t * alpha[:, None], input_precision=INPUT_PRECISION)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+    return acc, acc_t, m_i, l_i
 
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, ACC_STATE, ML_STATE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
-    q_desc, k_desc, v_desc, o_desc, kp_desc, cos_desc, sin_desc,
+    q_desc, k_desc, v_desc, o_desc, kp_desc, cos_desc, sin_desc, vt_desc, ot_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -114,7 +131,7 @@ def _attn_fwd_kernel(
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
@@ -129,6 +146,8 @@ def _attn_fwd_kernel(
     off_hk = off_h // kv_group  # GQA: query heads share K/V heads; K/V are never expanded
     offs_m = tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dvt = tl.arange(0, BLOCK_DVT if BLOCK_DVT > 0 else 16)
+    DV_MAIN: tl.constexpr = BLOCK_DV if BLOCK_DVT > 0 else HEAD_DIM_V  # as in _attn_fwd_tiles
 
     # The Q tile is loaded (and rotated) once and stays on chip for the whole key loop.
     # With RoPE, query i sits at position i + seqlen_k - seqlen_q (bottom-right alignment).
@@ -157,14 +176,20 @@ def _attn_fwd_kernel(
     st_rows = off_b.to(tl.int64) * nheads + off_h  # (batch, head) of the state buffers
     acc_state = ACC_STATE + (st_rows * seqlen_q + start_m) * HEAD_DIM_V
     ml_state = ML_STATE + st_rows * 2 * seqlen_q + start_m
+    acc_t = tl.zeros([1, 1], dtype=tl.float32)  # placeholder unless V is split (BLOCK_DVT > 0)
     if CARRY_IN:
-        acc = _load_tile(acc_state, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+        acc = _load_tile(acc_state, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dv, DV_MAIN, BLOCK_DV, True)
+        if BLOCK_DVT > 0:
+            acc_t = _load_tile(acc_state + BLOCK_DV, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dvt,
+                               HEAD_DIM_V - BLOCK_DV, BLOCK_DVT, True)
         m_i = tl.load(ml_state + offs_m, mask=offs_m < seqlen_q - start_m, other=float("-inf"))
         l_i = tl.load(ml_state + seqlen_q + offs_m, mask=offs_m < seqlen_q - start_m, other=0.0)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        if BLOCK_DVT > 0:
+            acc_t = tl.zeros([BLOCK_M, BLOCK_DVT], dtype=tl.float32)
 
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -175,44 +200,60 @@ def _attn_fwd_kernel(
     mid_hi = tl.minimum(tl.maximum(mid_hi, key_lo), key_hi)
     hi = tl.minimum(tl.maximum(hi, key_lo), key_hi)
     # Left edge of a sliding window: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc,
+    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc,
+                                    vt_desc, kp_desc, cos_desc,
                                     sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, lo, mid_lo,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
                                     dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
-                                    BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                                    BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
     # Whole tiles where every score is visible: no mask work.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc,
+    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc,
+                                    vt_desc, kp_desc, cos_desc,
                                     sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, mid_lo,
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                                     softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                                     dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R,
-                                    BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                    BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
                                     HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, False,
                                     INPUT_PRECISION, TMA)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
-    acc, m_i, l_i = _attn_fwd_tiles(acc, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, kp_desc, cos_desc,
+    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc,
+                                    vt_desc, kp_desc, cos_desc,
                                     sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, mid_hi, hi,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
                                     dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
-                                    BLOCK_DV, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                                    BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
 
     if CARRY_OUT:
-        _store_tile(acc_state, acc, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dv, HEAD_DIM_V, BLOCK_DV)
+        _store_tile(acc_state, acc, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dv, DV_MAIN, BLOCK_DV)
+        if BLOCK_DVT > 0:
+            _store_tile(acc_state + BLOCK_DV, acc_t, offs_m, seqlen_q - start_m, HEAD_DIM_V, offs_dvt,
+                        HEAD_DIM_V - BLOCK_DV, BLOCK_DVT)
         tl.store(ml_state + offs_m, m_i, mask=offs_m < seqlen_q - start_m)
         tl.store(ml_state + seqlen_q + offs_m, l_i, mask=offs_m < seqlen_q - start_m)
         return
     if HAS_DROPOUT:  # the kept probabilities' rescale, left out of the loop (_attn_fwd_tiles)
         acc = acc * dropout_rescale
+        if BLOCK_DVT > 0:
+            acc_t = acc_t * dropout_rescale
     out, lse = _finalize_softmax(acc, m_i, l_i)
+    o_row = _row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), q_start + start_m, stride_om)
     if TMA:
         _store_tile_tma(o_desc, out.to(O.dtype.element_ty), off_b, start_m, off_h, BLOCK_M, BLOCK_DV)
     else:
-        _store_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), q_start + start_m, stride_om),
-                    out, offs_m, seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV)
+        _store_tile(o_row, out, offs_m, seqlen_q - start_m, stride_om, offs_dv, DV_MAIN, BLOCK_DV)
+    if BLOCK_DVT > 0:
+        out_t, _ = _finalize_softmax(acc_t, m_i, l_i)
+        if TMA:
+            _store_tile_tma_at(ot_desc, out_t.to(O.dtype.element_ty), off_b, start_m, off_h, BLOCK_DV, BLOCK_M,
+                               BLOCK_DVT)
+        else:
+            _store_tile(o_row + BLOCK_DV, out_t, offs_m, seqlen_q - start_m, stride_om, offs_dvt,
+                        HEAD_DIM_V - BLOCK_DV, BLOCK_DVT)
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), q_start + start_m, 1)
     tl.store(lse_ptr + offs_m, lse, mask=offs_m < seqlen_q - start_m)
 
@@ -301,13 +342,17 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     blocks = qk_blocks(head_dim, a.rotary_dim)
     rope_tma = rope_tma_applies(a.varlen, a.rotary_interleaved, a.rotary_cos, a.rotary_sin, q, k, v, out)
     tma = rope_tma or tma_applies(a.varlen, a.rotary_dim, q, k, v, out)
-    descs = [None] * 7  # Q, K, V, O, then K's pass-through channels and the cos/sin tables (RoPE)
+    block_dv, block_dvt = value_blocks(head_dim_v)
+    # Q, K, V, O, then K's pass-through channels and the cos/sin tables (RoPE), then the second
+    # channel groups of V and O (when V is split)
+    descs = [None] * 9
     if tma:
         k_desc, *rope_descs = key_descriptors(k, cfg.block_n, blocks, rope_tma, a.rotary_dim, a.rotary_cos,
                                               a.rotary_sin)
-        descs = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]), k_desc,
-                 tile_descriptor(v, cfg.block_n, head_block(head_dim_v)),
-                 tile_descriptor(out, cfg.block_m, head_block(head_dim_v)), *rope_descs]
+        descs = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]), k_desc, tile_descriptor(v, cfg.block_n, block_dv),
+                 tile_descriptor(out, cfg.block_m, block_dv), *rope_descs, None, None]
+        if block_dvt:
+            descs[7:] = [tile_descriptor(v, cfg.block_n, block_dvt), tile_descriptor(out, cfg.block_m, block_dvt)]
     # Key ranges, one launch each: the whole at once, or (for long fixed-length keys, where a
     # head's K and V outgrow L2 and the programs of a head drift apart along them) chunks
     # whose K and V fit, with the softmax state carried in float32 between launches.
@@ -327,7 +372,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
             a.rotary_sin, *descs, *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
             *seq_strides(out, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
             nheads, nheads // nheads_k, seqlen_q, seqlen_k, num_m_blocks, key_lo, key_hi, *scalars,
-            HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v),
+            HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_DVT=block_dvt,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAVY_LAST=a.causal_only, TMA=tma, **constexprs,
             CARRY_IN=i > 0, CARRY_OUT=i < len(ranges) - 1,
         )

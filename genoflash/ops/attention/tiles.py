@@ -77,7 +77,13 @@ def _load_tile_tma_at(desc, off_b, row, off_h, col, BLOCK_ROWS: tl.constexpr, BL
 def _store_tile_tma(desc, value, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """The store twin of _load_tile_tma: rows past the sequence end and padded channels are
     clipped by the copy engine, never written."""
-    desc.store([off_b, row, off_h, 0], value.reshape(1, BLOCK_ROWS, 1, BLOCK_D))
+    _store_tile_tma_at(desc, value, off_b, row, off_h, 0, BLOCK_ROWS, BLOCK_D)
+
+
+@triton.jit
+def _store_tile_tma_at(desc, value, off_b, row, off_h, col, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """_store_tile_tma from channel `col` on (a group of channels, as V's split tail is)."""
+    desc.store([off_b, row, off_h, col], value.reshape(1, BLOCK_ROWS, 1, BLOCK_D))
 
 
 @triton.jit
