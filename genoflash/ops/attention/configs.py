@@ -67,7 +67,8 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
         return TileConfig(64, 32) if widest <= 64 else TileConfig(32, 32)
     # bf16/fp16, measured on the H200 (benchmarks/results/tune-*h200-2026-11-29.json):
     # hd64 128x64 w8 s3 409 TF/s; hd128 128x128 w8 s3 455 (non-causal) / 445 (causal);
-    # (64, 192), (128, 192), (192, 128): 128x64 w8 s3 (128x128 does not fit in shared memory);
+    # (64, 192), (128, 192), (192, 128): 128x64 w8 s3 (128x128 does not fit in shared memory with
+    # V padded to 256 channels; with V split, 128 + 64, (64, 192) takes 128x128: below);
     # hd256 64x64 w4 s3 296.
     if widest <= 64:
         return TileConfig(128, 64, num_warps=8, num_stages=3)
@@ -85,6 +86,11 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
         return TileConfig(128, 128, num_warps=8, num_stages=3)
     if rotary_table_bytes:
         return TileConfig(64, 32, 4, 3)
+    if head_dim + head_dim_v <= 256 and value_blocks(head_dim_v)[1]:
+        # (64, 192) with V as 128 + 64 channels (results/tune-dv-split-h200-2026-11-30-9a6410d.json, H8
+        # N16k): 128x128 w8 s3 2.125 ms, 128x64 s3 2.162, 128x128 s2 2.434. (128, 192) keeps 128x64 s3
+        # (2.617 against 2.85 for 128x128 s2 / s3).
+        return TileConfig(128, 128, num_warps=8, num_stages=3)
     if head_dim + head_dim_v <= 320:
         return TileConfig(128, 64, num_warps=8, num_stages=3)
     return TileConfig(64, 64, num_warps=4, num_stages=3)
@@ -114,7 +120,18 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
                               dq_rope_by_tma=True)
     if rotary_table_bytes:
         return BackwardConfig(TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2))
-    if head_dim + head_dim_v <= 256:  # (64, 192): whole backward 9.3 ms at B1 H8 N16k
+    split_v = value_blocks(head_dim_v)[1] > 0
+    # V split into two channel groups (value_blocks: 192 = 128 + 64), whole backward at B1 H8 N16k
+    # (results/tune-dv-split-h200-2026-11-30-9a6410d.json; dK/dV chosen first, then dQ):
+    # (64, 192): dK/dV 64x128 w8 s3 6.66 ms (32x64 w4 s3 6.80, 32x128 w8 s3 6.86), dQ 128x64 w8 s3 6.65;
+    # (128, 192): dK/dV 32x128 w8 s3 8.93 ms (32x64 w4 9.23, 16x128 9.97), dQ 128x64 w8 s3 8.23 (64x64 w4
+    # 8.91). Both compile at sm_90 without spills (64x128 spills 236 bytes at (128, 192)).
+    if head_dim + head_dim_v <= 256 and split_v:
+        return BackwardConfig(TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
+                              fused_dkdv=TileConfig(32, 128, 8, 2))
+    if head_dim + head_dim_v <= 320 and split_v:
+        return BackwardConfig(TileConfig(32, 128, 8, 3), TileConfig(128, 64, 8, 3))
+    if head_dim + head_dim_v <= 256:  # (64, 192) padded: whole backward 9.3 ms at B1 H8 N16k
         return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
                               fused_dkdv=TileConfig(32, 128, 8, 2))
     if head_dim + head_dim_v <= 320:
