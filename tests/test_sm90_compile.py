@@ -42,6 +42,8 @@ pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled
     "dropout 128 --causal",
     "plain 128",
     "dropout 128",
+    "plain 64 192",  # V split in two channel groups (configs.value_blocks), at the tile table's tiles
+    "plain 128 192",
 ])
 def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
