@@ -56,6 +56,10 @@ SETS = {
     # the tiles chosen for the padded 256-wide V no longer bind. Candidates that compile at
     # sm_90 without spills and within shared memory (offline_compile.py, 2026-11-30).
     "dv-split": [(1, 8, 16384, 64, 192, False, None), (1, 8, 16384, 128, 192, False, None)],
+    # hd256's backward, at half of SDPA flash's fwd+bwd in the papers' sweep (2026-11-30): the
+    # table's dK/dV tile (32x64, 4 warps) holds 2 x 64 x 256 float32 accumulators over 128 threads
+    # and spills 1.5 KB at sm_90; with 8 warps 32x64 compiles without spills (offline_compile.py).
+    "hd256": [(2, 8, 8192, 256, 256, False, None)],
     "rope-spills": [(1, 16, 16384, 128, 128, False, None, torch.float16),
                     (1, 16, 16384, 128, 128, False, None, torch.float32)],
 }
@@ -83,6 +87,8 @@ CANDIDATES = {
                                            (32, 64, 4, 3)]],
                  [TileConfig(*c) for c in [(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
                                            (128, 64, 8, 2)]]),
+    "hd256": ([], [TileConfig(*c) for c in [(32, 64, 8, 3), (32, 64, 8, 2), (32, 64, 4, 3)]],
+              [TileConfig(*c) for c in [(64, 32, 8, 3), (64, 64, 8, 2), (64, 32, 4, 3)]]),
     "masked-dkdv": ([], [TileConfig(*c) for c in [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 4, 3),
                                                   (32, 64, 4, 3)]], []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],
