@@ -140,7 +140,11 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
         # 32x128 w8 s2 11.39 / 11.48 (which spills 52 bytes at sm_90; 16 query rows per step leave
         # the 192-wide accumulator room), then dQ 64x64 w4 s3 10.74 / 10.92 against 128x32 w8 s3.
         return BackwardConfig(TileConfig(16, 128, 8, 3), TileConfig(64, 64, 4, 3))
-    return BackwardConfig(TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3))
+    # hd256 (results/tune-hd256-h200-2026-11-30-772ec5e.json, whole backward at B2 H8 N8192): dK/dV
+    # 32x64 with 8 warps 12.54 ms against 24.92 with 4, which held 2 x 64 x 256 float32 accumulators
+    # over 128 threads and spilled 1.5 KB (sm_90; 8 warps: no spills); s2 14.50. dQ then 64x32 w4 s3
+    # 12.46 against 64x64 w8 s2 15.58 and 64x32 w8 s3 16.66.
+    return BackwardConfig(TileConfig(32, 64, 8, 3), TileConfig(64, 32, 4, 3))
 
 
 # Keys per forward launch for long fixed-length sequences (None: all keys in one launch). One
