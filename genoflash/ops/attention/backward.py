@@ -66,9 +66,9 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                         q_desc, dq_base, dq_desc, stride_dqm, off_b, off_h, start_n, lo, mid_lo, mid_hi, hi,
-                         seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base, delta_base, stride_qm,
+                         stride_dom, q_desc, dq_base, dq_desc, stride_dqm, off_b, off_h, start_n, lo, mid_lo, mid_hi,
+                         hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -242,7 +242,8 @@ def _attn_bwd_dkdv_kernel(
             # as the forward and the dQ pass have them) ptxas serialised every wgmma of this kernel
             # (its note C7515 at sm_90; benchmarks/offline_compile.py marks such kernels
             # WGMMA-SERIALIZED): the dK/dV accumulators flow from one loop into the next.
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
@@ -256,33 +257,36 @@ def _attn_bwd_dkdv_kernel(
             # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
             # full attention's loop took 536 instructions against 520), and this is the form the
             # tile table was measured with. EDGES_ONLY is off: the middle bounds go unused.
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, mid_lo, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                      HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      HAS_DROPOUT, True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, mid_lo, mid_lo, mid_hi, mid_hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                      HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      False, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      HAS_DROPOUT, False, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
                                       off_b, off_h, start_n, mid_hi, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                      HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
-                                      True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      HAS_DROPOUT, True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
 
     if GROUP_SPLIT:  # this program's slice of the float32 partial sums
         DK += tl.program_id(1).to(tl.int64) * stride_dk_split
@@ -301,10 +305,10 @@ def _attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                       k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo, mid_hi, hi,
-                       seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
-                       slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                       dropout_rescale,
+                       k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo,
+                       mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
+                       softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
+                       dropout_threshold, dropout_rescale,
                        HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
                        HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -131,7 +131,8 @@ def _attn_fwd_kernel(
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
@@ -215,9 +216,9 @@ def _attn_fwd_kernel(
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                                     softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                                     dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R,
-                                    BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                    HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, False,
-                                    INPUT_PRECISION, TMA)
+                                    BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                    HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
+                                    False, INPUT_PRECISION, TMA)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
     acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc,
                                     vt_desc, kp_desc, cos_desc,
