@@ -185,54 +185,62 @@ def test_value_head_dim(backend, d, dv, device):
     check_fixed(backend, device, 1, 65, 80, 2, 1, d, dv, causal=True)
 
 
-def test_value_blocks_split_only_where_it_saves_padding():
+def test_channel_blocks_split_only_where_they_save_padding():
     # 192 as 128 + 64 (Enformer, AlphaGenome), 96 as 64 + 32; powers of two stay one group, and
     # so do widths whose tail would be narrower than 32 (80) or that save nothing (200).
     assert [value_blocks(dv) for dv in (192, 96, 160, 128, 64, 80, 200, 24)] == [
         (128, 64), (64, 32), (128, 32), (128, 0), (64, 0), (128, 0), (256, 0), (32, 0)]
-    with override_configs(split_v=False):
+    with override_configs(split_channels=False):
         assert value_blocks(192) == (256, 0)
-    with override_configs(split_v=True):
+    with override_configs(split_channels=True):
         assert value_blocks(40) == (32, 16) and value_blocks(128) == (128, 0)
 
 
-SPLIT_V_PATHS = ["tma", "pointers", "varlen", "key-chunks", "one-pass", "gqa-window-alibi-softcap"]
+SPLIT_PATHS = ["tma", "pointers", "varlen", "key-chunks", "one-pass", "gqa-window-alibi-softcap", "rope-neox",
+               "rope-interleaved"]
 
 
-@pytest.mark.parametrize("path", SPLIT_V_PATHS)
-def test_value_head_dim_split_in_two_groups(path, device, monkeypatch):
-    """V, O, dO and dV held as two channel groups (configs.value_blocks; forced here at a width the
-    interpreter runs quickly, 40 = 32 + a 16-wide tail of 8 channels), through every load and store
-    path of the three kernels. The launches are watched, so a silent one-group run would fail."""
+@pytest.mark.parametrize("path", SPLIT_PATHS)
+def test_channels_split_in_two_groups(path, device, monkeypatch):
+    """Q/K's pass-through channels (rotary.py's p and t) and V, O, dO and dV, each held as two
+    channel groups (configs.channel_blocks; forced here at widths the interpreter runs quickly:
+    40 = 32 + a 16-wide tail of 8 channels), through every load and store path of the three
+    kernels, RoPE's included. The launches are watched, so a silent one-group run would fail."""
     from genoflash.ops.attention import backward, descriptors, forward
+
+    from .test_rotary import check as check_rope
 
     seen = []
     for module in (forward, backward):
         def spy(kernel, grid, cfg, *args, _real=module.launch, **constexprs):
-            seen.append((kernel.fn.__name__, constexprs["BLOCK_DV"], constexprs["BLOCK_DVT"]))
+            seen.append((kernel.fn.__name__, constexprs["BLOCK_P"], constexprs["BLOCK_T"], constexprs["BLOCK_DV"],
+                         constexprs["BLOCK_DVT"]))
             return _real(kernel, grid, cfg, *args, **constexprs)
         monkeypatch.setattr(module, "launch", spy)
     torch.manual_seed(22)
     features = dict(causal=True)
-    overrides = dict(split_v=True)
-    tma = path != "pointers"
+    overrides = dict(split_channels=True)
     if path == "key-chunks":
         overrides["key_chunk"] = 64
     if path == "one-pass":
         overrides["one_pass"] = True
         features["deterministic"] = False
+    if path == "rope-neox":  # K's halves, pass-through groups and tables by TMA, in the dQ pass too
+        overrides["dq_rope_by_tma"] = True
     if path == "gqa-window-alibi-softcap":
         features.update(window_size=(30, 5), softcap=5.0, alibi_slopes=torch.rand(4, device=device) * 0.3)
-    with override_configs(**overrides), descriptors.use_tma(tma):
+    with override_configs(**overrides), descriptors.use_tma(path != "pointers"):
         if path == "varlen":
-            check_varlen("triton", device, [1, 17, 130, 5], [9, 17, 100, 2], 2, 1, 32, 40, **features)
+            check_varlen("triton", device, [1, 17, 130, 5], [9, 17, 100, 2], 2, 1, 40, 40, **features)
+        elif path.startswith("rope"):  # 56 channels: 16 rotate, the 40 others pass through as 32 + 16
+            check_rope("triton", device, 2, 100, 129, 2, 1, 56, 16, path == "rope-interleaved", dv=40, **features)
         else:
-            check_fixed("triton", device, 2, 129, 150, 4, 4 if path != "gqa-window-alibi-softcap" else 2, 32, 40,
+            check_fixed("triton", device, 2, 129, 150, 4, 4 if path != "gqa-window-alibi-softcap" else 2, 40, 40,
                         **features)
-    names = {name for name, _, _ in seen}
+    names = {name for name, *_ in seen}
     assert {"_attn_fwd_kernel", "_attn_bwd_dkdv_kernel"} <= names
     assert ("_attn_bwd_dq_kernel" in names) == (path != "one-pass")
-    assert all((dv, dvt) == (32, 16) for _, dv, dvt in seen), seen
+    assert all(tuple(blocks) == (32, 16, 32, 16) for _, *blocks in seen), seen
 
 
 def test_value_head_dim_split_with_dropout_equals_one_group(device):
@@ -244,7 +252,7 @@ def test_value_head_dim_split_with_dropout_equals_one_group(device):
     dout = torch.randn(1, 100, 2, 40, dtype=DTYPE, device=device)
     runs = []
     for split in (False, True):
-        with genoflash.use_backend("triton"), override_configs(split_v=split):
+        with genoflash.use_backend("triton"), override_configs(split_channels=split):
             runs.append(outputs_and_grads(
                 lambda a, b, c: genoflash.flash_attn_func(a, b, c, dropout_p=0.3, dropout_seed=11), q, k, v, dout))
     for name, a, b in zip(["out", "dq", "dk", "dv"], *runs):

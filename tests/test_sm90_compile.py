@@ -42,8 +42,10 @@ pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled
     "dropout 128 --causal",
     "plain 128",
     "dropout 128",
-    "plain 64 192",  # V split in two channel groups (configs.value_blocks), at the tile table's tiles
+    "plain 64 192",  # V split in two channel groups (configs.channel_blocks), at the tile table's tiles
     "plain 128 192",
+    "plain 192 128",  # Q/K split in two channel groups
+    "plain 96 --causal",  # both
 ])
 def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -29,15 +29,15 @@ from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .dropout import DROPOUT_RUNTIME_ARGS
 from .mask import _dropout_keep, _mask_tile_scores
-from .rotary import (_atomic_add_qk_grad, _load_qk, _load_qk_grad_groups, _load_qk_tma, _qk_dot,
+from .rotary import (_atomic_add_qk_grad, _load_pt_tma, _load_qk, _load_qk_grad_groups, _load_qk_tma, _qk_dot,
                      _qk_grad_of_transposed, _qk_grad_update, _store_qk_grad)
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute
 from .tile_scheduler import _tile_of_program
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
-from .tiles import (_atomic_add_tile_tma, _head_base, _load_tile, _load_tile_tma, _load_tile_tma_at, _row_ptr,
-                    _store_tile)
+from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _load_tile, _load_tile_tma,
+                    _load_tile_tma_at, _row_ptr, _store_tile)
 
 
 @triton.jit
@@ -66,13 +66,14 @@ def _attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base, delta_base, stride_qm,
-                         stride_dom, q_desc, dq_base, dq_desc, stride_dqm, off_b, off_h, start_n, lo, mid_lo, mid_hi,
-                         hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base, delta_base,
+                         stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc, stride_dqm, off_b, off_h,
+                         start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                         HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr,
+                         BLOCK_T: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr,
+                         BLOCK_DVT: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
@@ -98,14 +99,14 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_b
         rows = (start_m + offs_m)[None, :]
         # dO always by pointers: by TMA as well, this kernel (at 255 registers) spilled or
         # crashed ptxas (benchmarks/NOTES.md).
-        if TMA:  # no RoPE (host check): Q is one channel group; rows past the end read as 0
-            qp = _load_tile_tma(q_desc, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
+        if TMA:  # no RoPE (host check): Q is the groups p (and t); rows past the end read as 0
+            qp, qt = _load_pt_tma(q_desc, qt_desc, off_b, start_m, off_h, 0, BLOCK_P, BLOCK_T, BLOCK_M)
             qa = qp  # never read without RoPE
             qb = qp
         else:
-            qa, qb, qp = _load_qk(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
-                                  start_m + offs_m + (seqlen_k - seqlen_q), COS, SIN, stride_rot, HEAD_DIM,
-                                  ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
+            qa, qb, qp, qt = _load_qk(_row_ptr(q_base, start_m, stride_qm), offs_m, seqlen_q - start_m, stride_qm,
+                                      start_m + offs_m + (seqlen_k - seqlen_q), COS, SIN, stride_rot, HEAD_DIM,
+                                      ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED, BLOCK_M, True)
         do_row = _row_ptr(do_base, start_m, stride_dom)
         do = _load_tile(do_row, offs_m, seqlen_q - start_m, stride_dom, offs_dv, DV_MAIN, BLOCK_DV, True)
         if BLOCK_DVT > 0:
@@ -115,7 +116,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_b
         lse2 = _lse_for_recompute(tl.load(_row_ptr(lse_base, start_m, 1) + offs_m, mask=in_rows,
                                           other=float("-inf")))
         delta = tl.load(_row_ptr(delta_base, start_m, 1) + offs_m, mask=in_rows, other=0.0)
-        sT = _qk_dot(ka, kb, kp, qa, qb, qp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        sT = _qk_dot(ka, kb, kp, kt, qa, qb, qp, qt, HEAD_DIM, ROTARY_DIM, BLOCK_T, INPUT_PRECISION)
         if HAS_DROPOUT:  # the forward's mask, regenerated, drawn while the tensor cores compute sT
             keepT = tl.trans(_dropout_keep(dropout_seed, dropout_offset, bh, start_m + offs_m, start_n,
                                            dropout_threshold, BLOCK_M, BLOCK_N))
@@ -142,27 +143,33 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_b
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tanhT * tanhT)
         dsT = dsT.to(qp.dtype)
-        dka, dkb, dkp = _qk_grad_update(dka, dkb, dkp, dsT, qa, qb, qp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        dka, dkb, dkp, dkt = _qk_grad_update(dka, dkb, dkp, dkt, dsT, qa, qb, qp, qt, HEAD_DIM, ROTARY_DIM, BLOCK_T,
+                                             INPUT_PRECISION)
         if FUSED_DQ:  # deterministic=False: this pair of tiles' share of dQ = dS K, added atomically
             if BLOCK_M < 64 and BLOCK_P >= 64:  # as (K^T dS^T)^T, so that the dot stays on wgmma
-                gqa, gqb, gqp = _qk_grad_of_transposed(dsT, ka, kb, kp, BLOCK_M, BLOCK_R, BLOCK_P, HEAD_DIM,
-                                                       ROTARY_DIM, INPUT_PRECISION)
+                gqa, gqb, gqp, gqt = _qk_grad_of_transposed(dsT, ka, kb, kp, kt, BLOCK_M, BLOCK_R, BLOCK_P, BLOCK_T,
+                                                            HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
             else:
                 zeros_r = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-                gqa, gqb, gqp = _qk_grad_update(zeros_r, zeros_r, tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32),
-                                                tl.trans(dsT), ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
-            if DQ_TMA:  # no RoPE (host check): dQ is the one channel group p
+                zeros_t = tl.zeros([BLOCK_M, BLOCK_T if BLOCK_T > 0 else 16], dtype=tl.float32)
+                gqa, gqb, gqp, gqt = _qk_grad_update(zeros_r, zeros_r, tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32),
+                                                     zeros_t, tl.trans(dsT), ka, kb, kp, kt, HEAD_DIM, ROTARY_DIM,
+                                                     BLOCK_T, INPUT_PRECISION)
+            if DQ_TMA:  # no RoPE (host check): dQ is the channel groups p (and t)
                 _atomic_add_tile_tma(dq_desc, gqp, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
+                if BLOCK_T > 0:
+                    _atomic_add_tile_tma_at(dqt_desc, gqt, off_b, start_m, off_h, BLOCK_P, BLOCK_M, BLOCK_T)
             else:
-                _atomic_add_qk_grad(_row_ptr(dq_base, start_m, stride_dqm), gqa, gqb, gqp, offs_m,
-                                    seqlen_q - start_m, stride_dqm, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                _atomic_add_qk_grad(_row_ptr(dq_base, start_m, stride_dqm), gqa, gqb, gqp, gqt, offs_m,
+                                    seqlen_q - start_m, stride_dqm, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T,
                                     ROTARY_INTERLEAVED)
-    return dka, dkb, dkp, dv, dvt
+    return dka, dkb, dkp, dkt, dv, dvt
 
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACCUM, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc, dq_desc,
+    qt_desc, dqt_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -175,7 +182,8 @@ def _attn_bwd_dkdv_kernel(
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
     heads_per_split, stride_dk_split, stride_dv_split,
-    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -195,14 +203,16 @@ def _attn_bwd_dkdv_kernel(
     DV_MAIN: tl.constexpr = BLOCK_DV if BLOCK_DVT > 0 else HEAD_DIM_V  # as in _attn_bwd_dkdv_tiles
     # K (rotated once, with RoPE) and V tiles stay on chip; dK and dV accumulate in registers
     # over all query tiles.
-    ka, kb, kp = _load_qk(_row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n, stride_kn),
-                          offs_n, seqlen_k - start_n, stride_kn, start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM,
-                          ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_N, True)
+    ka, kb, kp, kt = _load_qk(_row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start + start_n,
+                                       stride_kn),
+                              offs_n, seqlen_k - start_n, stride_kn, start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM,
+                              ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED, BLOCK_N, True)
     v_row = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start + start_n, stride_vn)
     v = _load_tile(v_row, offs_n, seqlen_k - start_n, stride_vn, offs_dv, DV_MAIN, BLOCK_DV, True)
     dka = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
     dkb = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
     dkp = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
+    dkt = tl.zeros([BLOCK_N, BLOCK_T if BLOCK_T > 0 else 16], dtype=tl.float32)  # untouched without a t
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     vt = v  # placeholders unless V is split (configs.value_blocks)
     dvt = tl.zeros([1, 1], dtype=tl.float32)
@@ -242,50 +252,58 @@ def _attn_bwd_dkdv_kernel(
             # as the forward and the dQ pass have them) ptxas serialised every wgmma of this kernel
             # (its note C7515 at sm_90; benchmarks/offline_compile.py marks such kernels
             # WGMMA-SERIALIZED): the dK/dV accumulators flow from one loop into the next.
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
-                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+            dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
+                                      stride_dqam,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
+                                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                                      ROTARY_INTERLEAVED,
                                       HAS_DROPOUT, True, True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
         else:
             # Full attention: the whole tiles' loop between two edge loops that are empty at run
             # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
             # full attention's loop took 536 instructions against 520), and this is the form the
             # tile table was measured with. EDGES_ONLY is off: the middle bounds go unused.
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
-                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+            dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
+                                      stride_dqam,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, mid_lo, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
+                                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                                      ROTARY_INTERLEAVED,
                                       HAS_DROPOUT, True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
-                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+            dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
+                                      stride_dqam,
                                       off_b, off_h, start_n, mid_lo, mid_lo, mid_hi, mid_hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
+                                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                                      ROTARY_INTERLEAVED,
                                       HAS_DROPOUT, False, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dv, dvt = _attn_bwd_dkdv_tiles(
-                                      dka, dkb, dkp, dv, dvt, ka, kb, kp, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, dq_base, dq_desc, stride_dqam,
+            dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
+                                      dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
+                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
+                                      stride_dqam,
                                       off_b, off_h, start_n, mid_hi, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                      BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
+                                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
+                                      ROTARY_INTERLEAVED,
                                       HAS_DROPOUT, True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
 
     if GROUP_SPLIT:  # this program's slice of the float32 partial sums
@@ -293,9 +311,9 @@ def _attn_bwd_dkdv_kernel(
         DV += tl.program_id(1).to(tl.int64) * stride_dv_split
     # dk is w.r.t. the rotated keys; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DK, off_b, off_hk, stride_dkb, stride_dkh), k_start + start_n, stride_dkn),
-                   dka * softmax_scale, dkb * softmax_scale, dkp * softmax_scale, start_n + offs_n, offs_n,
-                   seqlen_k - start_n, stride_dkn, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
-                   ROTARY_INTERLEAVED)
+                   dka * softmax_scale, dkb * softmax_scale, dkp * softmax_scale, dkt * softmax_scale, start_n + offs_n,
+                   offs_n, seqlen_k - start_n, stride_dkn, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                   BLOCK_T, ROTARY_INTERLEAVED)
     dv_row = _row_ptr(_head_base(DV, off_b, off_hk, stride_dvb, stride_dvh), k_start + start_n, stride_dvn)
     _store_tile(dv_row, dv, offs_n, seqlen_k - start_n, stride_dvn, offs_dv, DV_MAIN, BLOCK_DV)
     if BLOCK_DVT > 0:
@@ -304,12 +322,13 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-                       k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk, start_m, lo, mid_lo,
+def _attn_bwd_dq_tiles(dqa, dqb, dqp, dqt, qa, qb, qp, qt, do, do_t, lse2, delta, k_base, v_base, stride_kn,
+                       stride_vn, k_desc, v_desc, vt_desc, kp_desc, kt_desc, cos_desc, sin_desc, off_b, off_hk,
+                       start_m, lo, mid_lo,
                        mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                        softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
                        dropout_threshold, dropout_rescale,
-                       HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
                        HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -329,25 +348,25 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base,
         cols = (start_n + offs_n)[None, :]
         if TMA:  # rows past the end read as 0
             if ROTARY_DIM > 0:  # NeoX halves and their tables by TMA too (host check), as the forward
-                ka, kb, kp = _load_qk_tma(k_desc, kp_desc, cos_desc, sin_desc, off_b, start_n, off_hk,
-                                          HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_N, qp.dtype)
-            else:  # one channel group
-                kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
+                ka, kb, kp, kt = _load_qk_tma(k_desc, kp_desc, kt_desc, cos_desc, sin_desc, off_b, start_n, off_hk,
+                                              HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T, BLOCK_N, qp.dtype)
+            else:  # the channel groups p (and t)
+                kp, kt = _load_pt_tma(k_desc, kt_desc, off_b, start_n, off_hk, 0, BLOCK_P, BLOCK_T, BLOCK_N)
                 ka = kp  # never read without RoPE
                 kb = kp
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
             if BLOCK_DVT > 0:
                 vt = _load_tile_tma_at(vt_desc, off_b, start_n, off_hk, BLOCK_DV, BLOCK_N, BLOCK_DVT)
         else:
-            ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
-                                  start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
-                                  ROTARY_INTERLEAVED, BLOCK_N, MASKED)
+            ka, kb, kp, kt = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
+                                      start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                                      BLOCK_T, ROTARY_INTERLEAVED, BLOCK_N, MASKED)
             v_row = _row_ptr(v_base, start_n, stride_vn)
             v = _load_tile(v_row, offs_n, seqlen_k - start_n, stride_vn, offs_dv, DV_MAIN, BLOCK_DV, MASKED)
             if BLOCK_DVT > 0:
                 vt = _load_tile(v_row + BLOCK_DV, offs_n, seqlen_k - start_n, stride_vn, offs_dvt,
                                 HEAD_DIM_V - BLOCK_DV, BLOCK_DVT, MASKED)
-        s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+        s = _qk_dot(qa, qb, qp, qt, ka, kb, kp, kt, HEAD_DIM, ROTARY_DIM, BLOCK_T, INPUT_PRECISION)
         if HAS_DROPOUT:  # drawn while the tensor cores compute s (it does not depend on s)
             keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
                                  dropout_threshold, BLOCK_M, BLOCK_N)
@@ -367,15 +386,15 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base,
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - tanh_s * tanh_s)
-        dqa, dqb, dqp = _qk_grad_update(dqa, dqb, dqp, ds.to(kp.dtype), ka, kb, kp, HEAD_DIM, ROTARY_DIM,
-                                        INPUT_PRECISION)
-    return dqa, dqb, dqp
+        dqa, dqb, dqp, dqt = _qk_grad_update(dqa, dqb, dqp, dqt, ds.to(kp.dtype), ka, kb, kp, kt, HEAD_DIM,
+                                             ROTARY_DIM, BLOCK_T, INPUT_PRECISION)
+    return dqa, dqb, dqp, dqt
 
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc, kp_desc,
-    cos_desc, sin_desc, vt_desc,
+    cos_desc, sin_desc, vt_desc, kt_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -385,7 +404,8 @@ def _attn_bwd_dq_kernel(
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
-    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -405,9 +425,9 @@ def _attn_bwd_dq_kernel(
     row = q_start + start_m
     # Q (rotated once, with RoPE), dO, lse and delta for this tile stay on chip for the whole key loop.
     q_positions = start_m + offs_m + (seqlen_k - seqlen_q)
-    qa, qb, qp = _load_qk(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm), offs_m,
-                          seqlen_q - start_m, stride_qm, q_positions, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM,
-                          BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED, BLOCK_M, True)
+    qa, qb, qp, qt = _load_qk(_row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), row, stride_qm), offs_m,
+                              seqlen_q - start_m, stride_qm, q_positions, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM,
+                              BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED, BLOCK_M, True)
     do_row = _row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom)
     do = _load_tile(do_row, offs_m, seqlen_q - start_m, stride_dom, offs_dv, DV_MAIN, BLOCK_DV, True)
     do_t = do  # placeholder unless V is split (configs.value_blocks)
@@ -428,6 +448,7 @@ def _attn_bwd_dq_kernel(
     dqa = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
     dqb = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
     dqp = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+    dqt = tl.zeros([BLOCK_M, BLOCK_T if BLOCK_T > 0 else 16], dtype=tl.float32)  # untouched without a t
 
     lo, mid_lo, mid_hi, hi = _kv_block_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -435,28 +456,34 @@ def _attn_bwd_dq_kernel(
         # Masked edge, whole tiles, masked edge: three loops. K and V come by TMA (bounds handled
         # by the copy engine), and this form compiled best at sm_90 (fewest loop instructions,
         # no serialised wgmma).
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp, dqt = _attn_bwd_dq_tiles(dqa, dqb, dqp, dqt, qa, qb, qp, qt, do, do_t, lse2, delta, k_base,
+                            v_base, stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, kt_desc, cos_desc, sin_desc,
+                            off_b, off_hk,
                             start_m, lo, lo, hi, mid_lo,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT,
+                            BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, False, INPUT_PRECISION, TMA)
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp, dqt = _attn_bwd_dq_tiles(dqa, dqb, dqp, dqt, qa, qb, qp, qt, do, do_t, lse2, delta, k_base,
+                            v_base, stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, kt_desc, cos_desc, sin_desc,
+                            off_b, off_hk,
                             start_m, mid_lo, lo, hi, mid_hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT,
+                            BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, False, False, INPUT_PRECISION, TMA)
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp, dqt = _attn_bwd_dq_tiles(dqa, dqb, dqp, dqt, qa, qb, qp, qt, do, do_t, lse2, delta, k_base,
+                            v_base, stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, kt_desc, cos_desc, sin_desc,
+                            off_b, off_hk,
                             start_m, mid_hi, lo, hi, hi,
                             seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT,
+                            BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, False, INPUT_PRECISION, TMA)
     else:
@@ -464,19 +491,21 @@ def _attn_bwd_dq_kernel(
         # masked edges included, loads bounded by seqlen_k. As three loops, ptxas serialised every
         # wgmma of this kernel (note C7515 at sm_90; benchmarks/offline_compile.py --varlen marks
         # it WGMMA-SERIALIZED), as it did the dK/dV pass's masked loops.
-        dqa, dqb, dqp = _attn_bwd_dq_tiles(dqa, dqb, dqp, qa, qb, qp, do, do_t, lse2, delta, k_base, v_base,
-                            stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, cos_desc, sin_desc, off_b, off_hk,
+        dqa, dqb, dqp, dqt = _attn_bwd_dq_tiles(dqa, dqb, dqp, dqt, qa, qb, qp, qt, do, do_t, lse2, delta, k_base,
+                            v_base, stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, kt_desc, cos_desc, sin_desc,
+                            off_b, off_hk,
                             start_m, lo, mid_lo, mid_hi,
                             hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                             slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
-                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M,
+                            dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT,
+                            BLOCK_M,
                             BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                             ROTARY_INTERLEAVED, HAS_DROPOUT, True, True, INPUT_PRECISION, TMA)
     # dq is w.r.t. the rotated queries; with RoPE the transposed rotation maps it back on the way out.
     _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
-                   dqa * softmax_scale, dqb * softmax_scale, dqp * softmax_scale, q_positions, offs_m,
-                   seqlen_q - start_m, stride_dqm, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
-                   ROTARY_INTERLEAVED)
+                   dqa * softmax_scale, dqb * softmax_scale, dqp * softmax_scale, dqt * softmax_scale, q_positions,
+                   offs_m, seqlen_q - start_m, stride_dqm, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                   BLOCK_T, ROTARY_INTERLEAVED)
 
 
 @triton.jit
@@ -484,8 +513,8 @@ def _attn_bwd_dq_convert_kernel(
     DQ_ACCUM, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, COS, SIN,
     stride_ab, stride_am, stride_ah, stride_dqb, stride_dqm, stride_dqh, stride_rot,
     nheads, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr,
-    IS_VARLEN: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
 ):
     """deterministic=False: dQ = softmax_scale * the atomically summed accumulator, unrotated
     (with RoPE) and cast to q's dtype; one read and one write per element."""
@@ -497,12 +526,12 @@ def _attn_bwd_dq_convert_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     row = q_start + start_m
     accum = _row_ptr(_head_base(DQ_ACCUM, off_b, off_h, stride_ab, stride_ah), row, stride_am)
-    ga, gb, gp = _load_qk_grad_groups(accum, offs_m, seqlen_q - start_m, stride_am, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
-                                      ROTARY_INTERLEAVED, BLOCK_M)
+    ga, gb, gp, gt = _load_qk_grad_groups(accum, offs_m, seqlen_q - start_m, stride_am, HEAD_DIM, ROTARY_DIM,
+                                          BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED, BLOCK_M)
     _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
-                   ga * softmax_scale, gb * softmax_scale, gp * softmax_scale, start_m + offs_m + (seqlen_k - seqlen_q),
-                   offs_m, seqlen_q - start_m, stride_dqm, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R,
-                   BLOCK_P, ROTARY_INTERLEAVED)
+                   ga * softmax_scale, gb * softmax_scale, gp * softmax_scale, gt * softmax_scale,
+                   start_m + offs_m + (seqlen_k - seqlen_q), offs_m, seqlen_q - start_m, stride_dqm, COS, SIN,
+                   stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED)
 
 
 def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
@@ -543,15 +572,18 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     # pointer loads in its dK/dV pass.
     fused = not a.deterministic and cfg.one_pass
     dkdv_tma = tma and cfg.dkdv_q_by_tma and not fused
-    # dQ pass: K, V, then K's pass-through and cos/sin (RoPE), then V's second channel group
-    dkdv_desc, dq_descs = None, [None] * 6
+    # dQ pass: K, V, then K's pass-through and cos/sin (RoPE), then V's second channel group and
+    # K's tail group t (rotary.py)
+    dkdv_descs, dq_descs = [None, None], [None] * 7  # dK/dV pass: Q's groups p and t
+    block_t = blocks["BLOCK_T"]
     if dkdv_tma:
-        dkdv_desc = tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"])
+        dkdv_descs = [tile_descriptor(q, cfg.dkdv.block_m, blocks["BLOCK_P"]),
+                      tile_descriptor(q, cfg.dkdv.block_m, block_t) if block_t else None]
     if tma or rope_tma:
-        k_desc, *rope_descs = key_descriptors(k, cfg.dq.block_n, blocks, rope_tma, a.rotary_dim, a.rotary_cos,
-                                              a.rotary_sin)
+        k_desc, *rope_descs, kt_desc = key_descriptors(k, cfg.dq.block_n, blocks, rope_tma, a.rotary_dim,
+                                                       a.rotary_cos, a.rotary_sin)
         dq_descs = [k_desc, tile_descriptor(v, cfg.dq.block_n, block_dv), *rope_descs,
-                    tile_descriptor(v, cfg.dq.block_n, block_dvt) if block_dvt else None]
+                    tile_descriptor(v, cfg.dq.block_n, block_dvt) if block_dvt else None, kt_desc]
 
     # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
     # accumulator (5 matmuls in all instead of 7: no dQ pass recomputing P and dP), and a light
@@ -562,7 +594,8 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     # Where TMA applies, each dQ share goes in as one bulk reduction by the copy engine. Not in
     # the interpreter: triton 3.6's has descriptor loads and stores but no descriptor reductions.
     dq_tma = fused and tma and not triton_interpreted()
-    dq_desc = tile_descriptor(dq_accum, dkdv_cfg.block_m, blocks["BLOCK_P"]) if dq_tma else None
+    dq_descs_fused = [tile_descriptor(dq_accum, dkdv_cfg.block_m, blocks["BLOCK_P"]) if dq_tma else None,
+                      tile_descriptor(dq_accum, dkdv_cfg.block_m, block_t) if dq_tma and block_t else None]
     num_n_blocks = triton.cdiv(seqlen_k, dkdv_cfg.block_n)
     programs = num_n_blocks * batch * nheads_k
     # GQA with too few dK/dV programs for the SMs: the group's query heads split over `splits`
@@ -578,7 +611,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         dv_out = torch.empty((splits, *dv.shape), device=dv.device, dtype=torch.float32)
     launch(_attn_bwd_dkdv_kernel, (programs, splits), dkdv_cfg,
         q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
-        a.rotary_sin, dkdv_desc, dq_desc,
+        a.rotary_sin, dkdv_descs[0], dq_descs_fused[0], dkdv_descs[1], dq_descs_fused[1],
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dk_out[0], a.varlen), *seq_strides(dv_out[0], a.varlen),
         *seq_strides(dq_accum, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,

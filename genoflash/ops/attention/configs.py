@@ -227,27 +227,39 @@ def dkdv_group_split(kv_group: int, programs: int, flops: float, device: torch.d
     return -(-kv_group // splits)
 
 
-def value_blocks(head_dim_v: int) -> tuple[int, int]:
-    """(BLOCK_DV, BLOCK_DVT): the widths of the two channel groups V, O, dO and dV are held as.
+def channel_blocks(width: int) -> tuple[int, int]:
+    """(main, tail): the widths of the two channel groups a tile of `width` channels is held as.
 
-    A tile's width must be a power of two, so a value head dim of 192 held as one group is a
-    256-wide tile whose last 64 channels are masked zeros: 25% of the P V, dO V^T and P^T dO
-    matmul work is padding (Enformer's (64, 192), AlphaGenome's (128, 192)). Held as a 128-wide
-    main group and a 64-wide tail (two dots each), none of it is. The split is taken where it
-    saves at least a quarter of the padded width and the tail is at least 32 wide (narrower
-    wgmma tiles are not worth a second dot); otherwise BLOCK_DVT is 0 and the kernels compile
-    to the one-group form. Tests force it either way with override_configs(split_v=...).
+    A tile's width must be a power of two, so 192 channels held as one group are a 256-wide tile
+    whose last 64 channels are masked zeros: a quarter of every matmul over those channels is
+    padding, and the padded accumulators take registers. Held as a 128-wide main group and a
+    64-wide tail (two dots instead of one), none of it is. The split is taken where it saves at
+    least a quarter of the padded width and the tail is at least 32 wide (narrower wgmma tiles
+    are not worth a second dot); otherwise the tail is 0 and the kernels compile to the
+    one-group form. Tests force it either way with override_configs(split_channels=...).
+    Used for V, O, dO and dV (value_blocks) and for Q and K's pass-through channels (qk_blocks).
     """
-    padded = max(16, 1 << (head_dim_v - 1).bit_length())
-    main = max(16, 1 << (head_dim_v.bit_length() - 1))
-    rest = head_dim_v - main
+    padded = max(16, 1 << (width - 1).bit_length())
+    main = max(16, 1 << (width.bit_length() - 1))
+    rest = width - main
     tail = max(16, 1 << (rest - 1).bit_length()) if rest > 0 else 0
-    split = _override.get("split_v")
+    split = _override.get("split_channels")
     if split is None:
         split = rest > 0 and tail >= 32 and 4 * (main + tail) <= 3 * padded
     if not split or rest <= 0:
         return padded, 0
     return main, tail
+
+
+def channel_split_forced() -> bool:
+    """Whether override_configs(split_channels=True) is in force (tests)."""
+    return bool(_override.get("split_channels"))
+
+
+def value_blocks(head_dim_v: int) -> tuple[int, int]:
+    """(BLOCK_DV, BLOCK_DVT): V, O, dO and dV as channel_blocks holds them (192 = 128 + 64; 25% of
+    the P V, dO V^T and P^T dO work was padding at Enformer's (64, 192) and AlphaGenome's (128, 192))."""
+    return channel_blocks(head_dim_v)
 
 
 def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
@@ -276,11 +288,11 @@ def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.d
 @contextlib.contextmanager
 def override_configs(forward: TileConfig | None = None, backward: BackwardConfig | None = None,
                      one_pass: bool | None = None, dq_rope_by_tma: bool | None = None, key_chunk: int | None = None,
-                     dkdv_heads_per_split: int | None = None, split_v: bool | None = None):
+                     dkdv_heads_per_split: int | None = None, split_channels: bool | None = None):
     """Force tile configs (tests use this to cover uneven tilings such as BLOCK_M != BLOCK_N),
     or only whether deterministic=False takes the one-pass backward, whether the RoPE dQ pass
     takes K by TMA, the forward's keys per launch, the query heads per GQA dK/dV program, or
-    whether V's channels split into two groups where they can (value_blocks) (tests and probes
+    whether channels split into two groups where they can (channel_blocks) (tests and probes
     of them)."""
     saved = dict(_override)
     if forward is not None:
@@ -295,8 +307,8 @@ def override_configs(forward: TileConfig | None = None, backward: BackwardConfig
         _override["key_chunk"] = key_chunk
     if dkdv_heads_per_split is not None:
         _override["dkdv_heads_per_split"] = dkdv_heads_per_split
-    if split_v is not None:
-        _override["split_v"] = split_v
+    if split_channels is not None:
+        _override["split_channels"] = split_channels
     try:
         yield
     finally:

@@ -84,15 +84,18 @@ def table_descriptor(t: torch.Tensor, block_rows: int, block_r: int):
 
 def key_descriptors(k: torch.Tensor, block_n: int, blocks: dict, rope: bool, rotary_dim: int,
                     cos: torch.Tensor | None, sin: torch.Tensor | None) -> list:
-    """[K, K's pass-through channels, cos, sin] descriptors for (block_n)-row key tiles. Without
-    RoPE, one box of BLOCK_P channels and three Nones; with RoPE (`rope_tma_applies`), K's box
-    is one NeoX half (BLOCK_R channels), the pass-through box exists when rotary_dim < head dim,
-    and the tables come in (block_n, BLOCK_R) boxes, for `rotary._load_qk_tma`."""
+    """[K, K's pass-through channels, cos, sin, K's tail group] descriptors for (block_n)-row key
+    tiles. Without RoPE, one box of BLOCK_P channels, three Nones and the tail; with RoPE
+    (`rope_tma_applies`), K's box is one NeoX half (BLOCK_R channels), the pass-through box exists
+    when rotary_dim < head dim, and the tables come in (block_n, BLOCK_R) boxes, for
+    `rotary._load_qk_tma`. The tail (a box of BLOCK_T channels) exists where the pass-through
+    channels are two groups (rotary.py's t), else None."""
+    tail = tile_descriptor(k, block_n, blocks["BLOCK_T"]) if blocks["BLOCK_T"] else None
     if not rope:
-        return [tile_descriptor(k, block_n, blocks["BLOCK_P"]), None, None, None]
+        return [tile_descriptor(k, block_n, blocks["BLOCK_P"]), None, None, None, tail]
     passthrough = tile_descriptor(k, block_n, blocks["BLOCK_P"]) if rotary_dim < k.shape[-1] else None
     return [tile_descriptor(k, block_n, blocks["BLOCK_R"]), passthrough,
-            *(table_descriptor(t, block_n, blocks["BLOCK_R"]) for t in (cos, sin))]
+            *(table_descriptor(t, block_n, blocks["BLOCK_R"]) for t in (cos, sin)), tail]
 
 
 def tile_descriptor(t: torch.Tensor, block_rows: int, block_d: int):

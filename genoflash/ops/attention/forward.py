@@ -21,12 +21,12 @@ import triton.language as tl
 from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from .configs import forward_config, forward_key_chunk, value_blocks
+from .configs import channel_blocks, channel_split_forced, forward_config, forward_key_chunk, value_blocks
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
 from .mask import _dropout_keep, _mask_scores
-from .rotary import _load_qk, _load_qk_tma, _qk_dot
+from .rotary import _load_pt_tma, _load_qk, _load_qk_tma, _qk_dot
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
@@ -36,14 +36,14 @@ from .tiles import (_head_base, _load_tile, _load_tile_tma, _load_tile_tma_at, _
 
 
 @triton.jit
-def _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc, vt_desc, kp_desc, cos_desc,
-                    sin_desc,
+def _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, qt, k_base, v_base, k_desc, v_desc, vt_desc, kp_desc,
+                    kt_desc, cos_desc, sin_desc,
                     off_b, off_hk, stride_kn,
                     stride_vn, start_m, lo, hi,
                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in, softcap_out,
                     slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset, dropout_threshold,
                     dropout_rescale,
-                    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
                     HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -70,10 +70,10 @@ def _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_
         # With RoPE, key j sits at position j and the K tile is rotated as it arrives.
         if TMA:  # the tile through the copy engine, zero-filled past the end
             if ROTARY_DIM > 0:  # NeoX halves and their tables by TMA too (host check), rotated here
-                ka, kb, kp = _load_qk_tma(k_desc, kp_desc, cos_desc, sin_desc, off_b, start_n, off_hk,
-                                          HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_N, qp.dtype)
-            else:  # one channel group
-                kp = _load_tile_tma(k_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_P)
+                ka, kb, kp, kt = _load_qk_tma(k_desc, kp_desc, kt_desc, cos_desc, sin_desc, off_b, start_n, off_hk,
+                                              HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T, BLOCK_N, qp.dtype)
+            else:  # the channel groups p (and t), one box each
+                kp, kt = _load_pt_tma(k_desc, kt_desc, off_b, start_n, off_hk, 0, BLOCK_P, BLOCK_T, BLOCK_N)
                 ka = kp  # the rotary groups do not exist without RoPE; _qk_dot never reads them
                 kb = kp
             # V is asked for beside K, so the pipeliner gives both copies one barrier and one
@@ -83,12 +83,12 @@ def _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
             if BLOCK_DVT > 0:  # V's second channel group: its own box, from channel BLOCK_DV on
                 vt = _load_tile_tma_at(vt_desc, off_b, start_n, off_hk, BLOCK_DV, BLOCK_N, BLOCK_DVT)
-            s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+            s = _qk_dot(qa, qb, qp, qt, ka, kb, kp, kt, HEAD_DIM, ROTARY_DIM, BLOCK_T, INPUT_PRECISION)
         else:
-            ka, kb, kp = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
-                                  start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
-                                  ROTARY_INTERLEAVED, BLOCK_N, MASKED)
-            s = _qk_dot(qa, qb, qp, ka, kb, kp, HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
+            ka, kb, kp, kt = _load_qk(_row_ptr(k_base, start_n, stride_kn), offs_n, seqlen_k - start_n, stride_kn,
+                                      start_n + offs_n, COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P,
+                                      BLOCK_T, ROTARY_INTERLEAVED, BLOCK_N, MASKED)
+            s = _qk_dot(qa, qb, qp, qt, ka, kb, kp, kt, HEAD_DIM, ROTARY_DIM, BLOCK_T, INPUT_PRECISION)
         if HAS_DROPOUT:
             # Drawn here, between the QK^T issue and the first use of s: the integer Philox work
             # does not depend on s, so it can run while the tensor cores compute the scores.
@@ -121,7 +121,7 @@ def _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, ACC_STATE, ML_STATE, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN,
-    q_desc, k_desc, v_desc, o_desc, kp_desc, cos_desc, sin_desc, vt_desc, ot_desc,
+    q_desc, k_desc, v_desc, o_desc, kp_desc, cos_desc, sin_desc, vt_desc, ot_desc, qt_desc, kt_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -130,9 +130,9 @@ def _attn_fwd_kernel(
     nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, key_lo, key_hi,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
     dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
-    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DVT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
@@ -155,14 +155,14 @@ def _attn_fwd_kernel(
     # TMA (descriptors.py): fixed-length batches take their tiles through the copy engine; with
     # RoPE only K's halves and the tables do (in the key loop), and Q keeps its one pointer load.
     if TMA and ROTARY_DIM == 0:  # with RoPE, Q (loaded once) keeps the pointer path below
-        qp = _load_tile_tma(q_desc, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
+        qp, qt = _load_pt_tma(q_desc, qt_desc, off_b, start_m, off_h, 0, BLOCK_P, BLOCK_T, BLOCK_M)
         qa = qp  # the rotary groups do not exist without RoPE; _qk_dot never reads them
         qb = qp
     else:
         q_ptr = _row_ptr(_head_base(Q, off_b, off_h, stride_qb, stride_qh), q_start + start_m, stride_qm)
-        qa, qb, qp = _load_qk(q_ptr, offs_m, seqlen_q - start_m, stride_qm, start_m + offs_m + (seqlen_k - seqlen_q),
-                              COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, ROTARY_INTERLEAVED,
-                              BLOCK_M, True)
+        qa, qb, qp, qt = _load_qk(q_ptr, offs_m, seqlen_q - start_m, stride_qm,
+                                  start_m + offs_m + (seqlen_k - seqlen_q), COS, SIN, stride_rot, HEAD_DIM, ROTARY_DIM,
+                                  BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED, BLOCK_M, True)
     k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
     v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
     slope_raw = 0.0
@@ -201,31 +201,32 @@ def _attn_fwd_kernel(
     mid_hi = tl.minimum(tl.maximum(mid_hi, key_lo), key_hi)
     hi = tl.minimum(tl.maximum(hi, key_lo), key_hi)
     # Left edge of a sliding window: masked.
-    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc,
-                                    vt_desc, kp_desc, cos_desc,
+    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, qt, k_base, v_base, k_desc, v_desc,
+                                    vt_desc, kp_desc, kt_desc, cos_desc,
                                     sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, lo, mid_lo,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
-                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
+                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
     # Whole tiles where every score is visible: no mask work.
-    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc,
-                                    vt_desc, kp_desc, cos_desc,
+    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, qt, k_base, v_base, k_desc, v_desc,
+                                    vt_desc, kp_desc, kt_desc, cos_desc,
                                     sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, mid_lo,
                                     mid_hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                                     softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                                     dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R,
-                                    BLOCK_P, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                    HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT,
+                                    BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                    HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED,
+                                    HAS_DROPOUT,
                                     False, INPUT_PRECISION, TMA)
     # The causal diagonal / right window edge and the seqlen_k tail: masked.
-    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, k_base, v_base, k_desc, v_desc,
-                                    vt_desc, kp_desc, cos_desc,
+    acc, acc_t, m_i, l_i = _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, qt, k_base, v_base, k_desc, v_desc,
+                                    vt_desc, kp_desc, kt_desc, cos_desc,
                                     sin_desc, off_b, off_hk, stride_kn, stride_vn, start_m, mid_hi, hi,
                                     seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, softcap_in,
                                     softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed, dropout_offset,
-                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, HEAD_DIM_V,
+                                    dropout_threshold, dropout_rescale, HEAD_DIM, BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V,
                                     BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                                     FAST_TANH, ROTARY_DIM, ROTARY_INTERLEAVED, HAS_DROPOUT, True, INPUT_PRECISION, TMA)
 
@@ -271,9 +272,20 @@ def head_block(head_dim: int) -> int:
 
 def qk_blocks(head_dim: int, rotary_dim: int) -> dict:
     """Block widths of the channel groups a Q/K tile is held as (rotary.py): the rotating pairs'
-    halves (BLOCK_R) and the pass-through channels (BLOCK_P; all channels without RoPE)."""
-    return dict(BLOCK_R=head_block(rotary_dim // 2) if rotary_dim else 16,
-                BLOCK_P=head_block(head_dim - rotary_dim) if rotary_dim < head_dim else 16)
+    halves (BLOCK_R) and the pass-through channels (all channels without RoPE) as a main group
+    (BLOCK_P) and, where the width is not a power of two, a tail (BLOCK_T; configs.channel_blocks).
+
+    With RoPE the pass-through channels stay one padded group unless a test forces the split: at
+    sm_90 the split made ptxas serialise the RoPE dQ pass's wgmma at D 128 with 32 rotating
+    channels (benchmarks/offline_compile.py, note C7515), so it waits for a GPU timing there."""
+    width = head_dim - rotary_dim
+    if width <= 0:
+        block_p, block_t = 16, 0
+    elif rotary_dim and not channel_split_forced():
+        block_p, block_t = head_block(width), 0
+    else:
+        block_p, block_t = channel_blocks(width)
+    return dict(BLOCK_R=head_block(rotary_dim // 2) if rotary_dim else 16, BLOCK_P=block_p, BLOCK_T=block_t)
 
 
 def seq_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
@@ -345,15 +357,17 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     tma = rope_tma or tma_applies(a.varlen, a.rotary_dim, q, k, v, out)
     block_dv, block_dvt = value_blocks(head_dim_v)
     # Q, K, V, O, then K's pass-through channels and the cos/sin tables (RoPE), then the second
-    # channel groups of V and O (when V is split)
-    descs = [None] * 9
+    # channel groups of V and O (when V is split), then Q's and K's tail groups t (rotary.py)
+    descs = [None] * 11
     if tma:
-        k_desc, *rope_descs = key_descriptors(k, cfg.block_n, blocks, rope_tma, a.rotary_dim, a.rotary_cos,
-                                              a.rotary_sin)
+        k_desc, *rope_descs, kt_desc = key_descriptors(k, cfg.block_n, blocks, rope_tma, a.rotary_dim,
+                                                       a.rotary_cos, a.rotary_sin)
         descs = [tile_descriptor(q, cfg.block_m, blocks["BLOCK_P"]), k_desc, tile_descriptor(v, cfg.block_n, block_dv),
-                 tile_descriptor(out, cfg.block_m, block_dv), *rope_descs, None, None]
+                 tile_descriptor(out, cfg.block_m, block_dv), *rope_descs, None, None, None, kt_desc]
         if block_dvt:
-            descs[7:] = [tile_descriptor(v, cfg.block_n, block_dvt), tile_descriptor(out, cfg.block_m, block_dvt)]
+            descs[7:9] = [tile_descriptor(v, cfg.block_n, block_dvt), tile_descriptor(out, cfg.block_m, block_dvt)]
+        if blocks["BLOCK_T"] and not rope_tma:  # with RoPE, Q keeps its pointer load
+            descs[9] = tile_descriptor(q, cfg.block_m, blocks["BLOCK_T"])
     # Key ranges, one launch each: the whole at once, or (for long fixed-length keys, where a
     # head's K and V outgrow L2 and the programs of a head drift apart along them) chunks
     # whose K and V fit, with the softmax state carried in float32 between launches.

@@ -1,4 +1,4 @@
-"""Q and K tiles as three channel groups, so RoPE can rotate them on chip.
+"""Q and K tiles as channel groups, so RoPE can rotate them on chip (and padding stays out of the dots).
 
 RoPE rotates channel pairs: pair m is (first(m), second(m)) = (m, m + R/2) in the NeoX
 layout and (2m, 2m + 1) interleaved, for R = rotary_dim; channels R..D-1 pass through.
@@ -13,6 +13,11 @@ round trip through memory is needed, and the tables are read at half width (one 
 one sin per pair):
     a' = a cos - b sin,   b' = b cos + a sin.
 Without RoPE (R = 0) the tile is just p, and the kernels compile to exactly one dot.
+Tiles are powers of two wide, so where the pass-through width D - R is not one (96, 192, ...),
+p is itself held as two groups (configs.channel_blocks),
+    p = channels R .. R+BLOCK_P-1,   t = the rest, R+BLOCK_P .. D-1     (rows, BLOCK_T)
+with a fourth dot qt.kt, so that no padded channel reaches a matmul. With BLOCK_T = 0 there is
+no t: the helpers take and return a placeholder in its place and never touch it.
 No rotated copy of Q or K is ever written to memory. Gradients come out of the dots in the
 rotated frame, also as halves, and the transposed rotation maps them back before the store:
     dL/da = ga cos + gb sin,   dL/db = gb cos - ga sin.
@@ -65,17 +70,25 @@ def _pair_ptrs_mask(base, offs_row, n_rows, stride_row, columns, offs_r, ROTARY_
 @triton.jit
 def _load_qk(base, offs_row, n_rows, stride_row, positions, COS, SIN, stride_rot,
              HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-             INTERLEAVED: tl.constexpr, BLOCK_ROWS: tl.constexpr, CHECK_ROWS: tl.constexpr):
-    """Load a Q or K tile as (a, b, p) in its own dtype, the pairs rotated to `positions`.
+             BLOCK_T: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_ROWS: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """Load a Q or K tile as (a, b, p, t) in its own dtype, the pairs rotated to `positions`.
 
     Rows past n_rows (when CHECK_ROWS) and padded channels read as 0, so they add nothing
     to a dot. Groups that do not exist (a and b without RoPE, p when R = D) are zeros that
-    the kernels never use."""
+    the kernels never use; without a t (BLOCK_T = 0) t is p, as a placeholder."""
+    # One past group p's last channel: where t starts when there is a t (p is then whole).
+    P_END: tl.constexpr = ROTARY_DIM + BLOCK_P if BLOCK_T > 0 else HEAD_DIM
     offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
     if ROTARY_DIM < HEAD_DIM:
-        p = _load_tile(base, offs_row, n_rows, stride_row, offs_p, HEAD_DIM, ROTARY_DIM + BLOCK_P, CHECK_ROWS)
+        p = _load_tile(base, offs_row, n_rows, stride_row, offs_p, P_END,
+                       ROTARY_DIM + BLOCK_P, CHECK_ROWS)
     else:
         p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=base.dtype.element_ty)
+    t = p
+    if BLOCK_T > 0:
+        offs_t = ROTARY_DIM + BLOCK_P + tl.arange(0, BLOCK_T)
+        t = _load_tile(base, offs_row, n_rows, stride_row, offs_t, HEAD_DIM, ROTARY_DIM + BLOCK_P + BLOCK_T,
+                       CHECK_ROWS)
     if ROTARY_DIM > 0:
         offs_r = tl.arange(0, BLOCK_R)
         first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
@@ -88,16 +101,27 @@ def _load_qk(base, offs_row, n_rows, stride_row, positions, COS, SIN, stride_rot
     else:
         a = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=p.dtype)
         b = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=p.dtype)
-    return a, b, p
+    return a, b, p, t
 
 
 @triton.jit
-def _load_qk_tma(desc_r, desc_p, cos_desc, sin_desc, off_b, row, off_h, HEAD_DIM: tl.constexpr,
-                 ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+def _load_pt_tma(desc_p, desc_t, off_b, row, off_h, ROTARY_DIM: tl.constexpr, BLOCK_P: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Groups p and t of rows [row, row + BLOCK_ROWS) by TMA, one box each (t is p without a t)."""
+    p = _load_tile_tma_at(desc_p, off_b, row, off_h, ROTARY_DIM, BLOCK_ROWS, BLOCK_P)
+    t = p
+    if BLOCK_T > 0:
+        t = _load_tile_tma_at(desc_t, off_b, row, off_h, ROTARY_DIM + BLOCK_P, BLOCK_ROWS, BLOCK_T)
+    return p, t
+
+
+@triton.jit
+def _load_qk_tma(desc_r, desc_p, desc_t, cos_desc, sin_desc, off_b, row, off_h, HEAD_DIM: tl.constexpr,
+                 ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_ROWS: tl.constexpr, DTYPE: tl.constexpr):
     """_load_qk for NeoX halves through TMA descriptors (descriptors.py: `rope_tma_applies` says
     when; `tile_descriptor` and `table_descriptor` make them):
-    rows [row, row + BLOCK_ROWS) as (a, b, p), the pairs rotated to positions row + i.
+    rows [row, row + BLOCK_ROWS) as (a, b, p, t), the pairs rotated to positions row + i.
 
     The halves are boxes of BLOCK_R channels at channel 0 and at R/2, the pass-through a box of
     BLOCK_P at R; the tables are (BLOCK_ROWS, BLOCK_R) boxes of the (seqlen, R/2) tables. When
@@ -107,19 +131,20 @@ def _load_qk_tma(desc_r, desc_p, cos_desc, sin_desc, off_b, row, off_h, HEAD_DIM
     a = _load_tile_tma_at(desc_r, off_b, row, off_h, 0, BLOCK_ROWS, BLOCK_R)
     b = _load_tile_tma_at(desc_r, off_b, row, off_h, ROTARY_DIM // 2, BLOCK_ROWS, BLOCK_R)
     if ROTARY_DIM < HEAD_DIM:
-        p = _load_tile_tma_at(desc_p, off_b, row, off_h, ROTARY_DIM, BLOCK_ROWS, BLOCK_P)
+        p, t = _load_pt_tma(desc_p, desc_t, off_b, row, off_h, ROTARY_DIM, BLOCK_P, BLOCK_T, BLOCK_ROWS)
     else:
         p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=DTYPE)
+        t = p
     cos = cos_desc.load([row, 0]).to(tl.float32)
     sin = sin_desc.load([row, 0]).to(tl.float32)
     a, b = _rotate_pairs(a, b, cos, sin, DTYPE)
-    return a, b, p
+    return a, b, p, t
 
 
 @triton.jit
-def _qk_dot(xa, xb, xp, ya, yb, yp, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
-            INPUT_PRECISION: tl.constexpr):
-    """x . y^T over all channels, for tiles held as (a, b, p): (rows of x, rows of y) float32."""
+def _qk_dot(xa, xb, xp, xt, ya, yb, yp, yt, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+            BLOCK_T: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """x . y^T over all channels, for tiles held as (a, b, p, t): (rows of x, rows of y) float32."""
     if ROTARY_DIM > 0:
         s = tl.dot(xa, tl.trans(ya), input_precision=INPUT_PRECISION)
         s = tl.dot(xb, tl.trans(yb), s, input_precision=INPUT_PRECISION)
@@ -127,25 +152,29 @@ def _qk_dot(xa, xb, xp, ya, yb, yp, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.const
             s = tl.dot(xp, tl.trans(yp), s, input_precision=INPUT_PRECISION)
     else:
         s = tl.dot(xp, tl.trans(yp), input_precision=INPUT_PRECISION)
+    if BLOCK_T > 0:
+        s = tl.dot(xt, tl.trans(yt), s, input_precision=INPUT_PRECISION)
     return s
 
 
 @triton.jit
-def _qk_grad_update(ga, gb, gp, ds, ya, yb, yp, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr):
+def _qk_grad_update(ga, gb, gp, gt, ds, ya, yb, yp, yt, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                    BLOCK_T: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """g += ds @ y, group by group: the gradient w.r.t. the rotated x of s = x . y^T."""
     if ROTARY_DIM > 0:
         ga = tl.dot(ds, ya, ga, input_precision=INPUT_PRECISION)
         gb = tl.dot(ds, yb, gb, input_precision=INPUT_PRECISION)
     if ROTARY_DIM < HEAD_DIM:
         gp = tl.dot(ds, yp, gp, input_precision=INPUT_PRECISION)
-    return ga, gb, gp
+    if BLOCK_T > 0:
+        gt = tl.dot(ds, yt, gt, input_precision=INPUT_PRECISION)
+    return ga, gb, gp, gt
 
 
 @triton.jit
-def _qk_grad_of_transposed(dsT, ya, yb, yp, BLOCK_ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
-                           BLOCK_P: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                           INPUT_PRECISION: tl.constexpr):
+def _qk_grad_of_transposed(dsT, ya, yb, yp, yt, BLOCK_ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
+                           BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           ROTARY_DIM: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """g = dsT^T @ y, group by group, computed as (y^T @ dsT)^T. The same sum as
     _qk_grad_update from zero, for a dsT with few columns (BLOCK_ROWS < 64): the tensor cores'
     wgmma needs 64 rows per warpgroup, so dsT^T @ y would fall back to mma.sync, while y^T @ dsT
@@ -153,23 +182,32 @@ def _qk_grad_of_transposed(dsT, ya, yb, yp, BLOCK_ROWS: tl.constexpr, BLOCK_R: t
     ga = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
     gb = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
     gp = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=tl.float32)
+    gt = tl.zeros([1, 1], dtype=tl.float32)  # placeholder without a t
     if ROTARY_DIM > 0:
         ga = tl.trans(tl.dot(tl.trans(ya), dsT, input_precision=INPUT_PRECISION))
         gb = tl.trans(tl.dot(tl.trans(yb), dsT, input_precision=INPUT_PRECISION))
     if ROTARY_DIM < HEAD_DIM:
         gp = tl.trans(tl.dot(tl.trans(yp), dsT, input_precision=INPUT_PRECISION))
-    return ga, gb, gp
+    if BLOCK_T > 0:
+        gt = tl.trans(tl.dot(tl.trans(yt), dsT, input_precision=INPUT_PRECISION))
+    return ga, gb, gp, gt
 
 
 @triton.jit
-def _store_qk_grad(base, ga, gb, gp, positions, offs_row, n_rows, stride_row, COS, SIN, stride_rot,
+def _store_qk_grad(base, ga, gb, gp, gt, positions, offs_row, n_rows, stride_row, COS, SIN, stride_rot,
                    HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr):
+                   BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, INTERLEAVED: tl.constexpr):
     """Store a gradient held as rotated-frame groups (float32) as the gradient w.r.t. the
-    unrotated q or k: the pairs go through the transposed rotation, p is stored as is."""
+    unrotated q or k: the pairs go through the transposed rotation, p and t are stored as is."""
+    # One past group p's last channel: where t starts when there is a t (p is then whole).
+    P_END: tl.constexpr = ROTARY_DIM + BLOCK_P if BLOCK_T > 0 else HEAD_DIM
     if ROTARY_DIM < HEAD_DIM:
         offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
-        _store_tile(base, gp, offs_row, n_rows, stride_row, offs_p, HEAD_DIM, ROTARY_DIM + BLOCK_P)
+        _store_tile(base, gp, offs_row, n_rows, stride_row, offs_p, P_END,
+                    ROTARY_DIM + BLOCK_P)
+    if BLOCK_T > 0:
+        offs_t = ROTARY_DIM + BLOCK_P + tl.arange(0, BLOCK_T)
+        _store_tile(base, gt, offs_row, n_rows, stride_row, offs_t, HEAD_DIM, ROTARY_DIM + BLOCK_P + BLOCK_T)
     if ROTARY_DIM > 0:
         offs_r = tl.arange(0, BLOCK_R)
         first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
@@ -181,9 +219,9 @@ def _store_qk_grad(base, ga, gb, gp, positions, offs_row, n_rows, stride_row, CO
 
 
 @triton.jit
-def _atomic_add_qk_grad(base, ga, gb, gp, offs_row, n_rows, stride_row, HEAD_DIM: tl.constexpr,
+def _atomic_add_qk_grad(base, ga, gb, gp, gt, offs_row, n_rows, stride_row, HEAD_DIM: tl.constexpr,
                         ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                        INTERLEAVED: tl.constexpr):
+                        BLOCK_T: tl.constexpr, INTERLEAVED: tl.constexpr):
     """Add a gradient held as groups (float32, rotated frame) into a float32 accumulator laid
     out like q, rows past n_rows and padded channels skipped. The accumulator stays in the
     rotated frame; _load_qk_grad_groups + _store_qk_grad unrotate it once at the end.
@@ -193,6 +231,11 @@ def _atomic_add_qk_grad(base, ga, gb, gp, offs_row, n_rows, stride_row, HEAD_DIM
         ptrs = base + offs_row[:, None] * stride_row + offs_p[None, :]
         mask = (offs_row[:, None] < n_rows) & (offs_p[None, :] < HEAD_DIM)
         tl.atomic_add(ptrs, gp, mask=mask, sem="relaxed")
+    if BLOCK_T > 0:
+        offs_t = ROTARY_DIM + BLOCK_P + tl.arange(0, BLOCK_T)
+        ptrs = base + offs_row[:, None] * stride_row + offs_t[None, :]
+        mask = (offs_row[:, None] < n_rows) & (offs_t[None, :] < HEAD_DIM)
+        tl.atomic_add(ptrs, gt, mask=mask, sem="relaxed")
     if ROTARY_DIM > 0:
         offs_r = tl.arange(0, BLOCK_R)
         first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
@@ -204,15 +247,23 @@ def _atomic_add_qk_grad(base, ga, gb, gp, offs_row, n_rows, stride_row, HEAD_DIM
 
 @triton.jit
 def _load_qk_grad_groups(base, offs_row, n_rows, stride_row, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr,
-                         BLOCK_ROWS: tl.constexpr):
-    """Read a float32 gradient accumulator laid out like q back as its (a, b, p) groups, unrotated
-    as stored (the inverse of _atomic_add_qk_grad's placement); groups that do not exist are 0."""
+                         BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
+                         INTERLEAVED: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Read a float32 gradient accumulator laid out like q back as its (a, b, p, t) groups,
+    unrotated as stored (the inverse of _atomic_add_qk_grad's placement); groups that do not exist
+    are 0 (t: a placeholder)."""
+    # One past group p's last channel: where t starts when there is a t (p is then whole).
+    P_END: tl.constexpr = ROTARY_DIM + BLOCK_P if BLOCK_T > 0 else HEAD_DIM
     offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
     if ROTARY_DIM < HEAD_DIM:
-        p = _load_tile(base, offs_row, n_rows, stride_row, offs_p, HEAD_DIM, ROTARY_DIM + BLOCK_P, True)
+        p = _load_tile(base, offs_row, n_rows, stride_row, offs_p, P_END,
+                       ROTARY_DIM + BLOCK_P, True)
     else:
         p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=tl.float32)
+    t = p
+    if BLOCK_T > 0:
+        offs_t = ROTARY_DIM + BLOCK_P + tl.arange(0, BLOCK_T)
+        t = _load_tile(base, offs_row, n_rows, stride_row, offs_t, HEAD_DIM, ROTARY_DIM + BLOCK_P + BLOCK_T, True)
     if ROTARY_DIM > 0:
         offs_r = tl.arange(0, BLOCK_R)
         first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
@@ -223,4 +274,4 @@ def _load_qk_grad_groups(base, offs_row, n_rows, stride_row, HEAD_DIM: tl.conste
     else:
         a = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
         b = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
-    return a, b, p
+    return a, b, p, t
