@@ -227,7 +227,7 @@ def dkdv_group_split(kv_group: int, programs: int, flops: float, device: torch.d
     return -(-kv_group // splits)
 
 
-def channel_blocks(width: int) -> tuple[int, int]:
+def channel_blocks(width: int, split_by_default: bool = True) -> tuple[int, int]:
     """(main, tail): the widths of the two channel groups a tile of `width` channels is held as.
 
     A tile's width must be a power of two, so 192 channels held as one group are a 256-wide tile
@@ -237,7 +237,8 @@ def channel_blocks(width: int) -> tuple[int, int]:
     least a quarter of the padded width and the tail is at least 32 wide (narrower wgmma tiles
     are not worth a second dot); otherwise the tail is 0 and the kernels compile to the
     one-group form. Tests force it either way with override_configs(split_channels=...).
-    Used for V, O, dO and dV (value_blocks) and for Q and K's pass-through channels (qk_blocks).
+    Used for V, O, dO and dV (value_blocks) and for Q and K's pass-through channels (qk_blocks,
+    which passes split_by_default=False with RoPE: there the split waits for a GPU timing).
     """
     padded = max(16, 1 << (width - 1).bit_length())
     main = max(16, 1 << (width.bit_length() - 1))
@@ -245,15 +246,10 @@ def channel_blocks(width: int) -> tuple[int, int]:
     tail = max(16, 1 << (rest - 1).bit_length()) if rest > 0 else 0
     split = _override.get("split_channels")
     if split is None:
-        split = rest > 0 and tail >= 32 and 4 * (main + tail) <= 3 * padded
+        split = split_by_default and rest > 0 and tail >= 32 and 4 * (main + tail) <= 3 * padded
     if not split or rest <= 0:
         return padded, 0
     return main, tail
-
-
-def channel_split_forced() -> bool:
-    """Whether override_configs(split_channels=True) is in force (tests)."""
-    return bool(_override.get("split_channels"))
 
 
 def value_blocks(head_dim_v: int) -> tuple[int, int]:

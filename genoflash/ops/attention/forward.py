@@ -21,7 +21,7 @@ import triton.language as tl
 from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from .configs import channel_blocks, channel_split_forced, forward_config, forward_key_chunk, value_blocks
+from .configs import channel_blocks, forward_config, forward_key_chunk, value_blocks
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
@@ -279,12 +279,7 @@ def qk_blocks(head_dim: int, rotary_dim: int) -> dict:
     sm_90 the split made ptxas serialise the RoPE dQ pass's wgmma at D 128 with 32 rotating
     channels (benchmarks/offline_compile.py, note C7515), so it waits for a GPU timing there."""
     width = head_dim - rotary_dim
-    if width <= 0:
-        block_p, block_t = 16, 0
-    elif rotary_dim and not channel_split_forced():
-        block_p, block_t = head_block(width), 0
-    else:
-        block_p, block_t = channel_blocks(width)
+    block_p, block_t = channel_blocks(width, split_by_default=rotary_dim == 0) if width > 0 else (16, 0)
     return dict(BLOCK_R=head_block(rotary_dim // 2) if rotary_dim else 16, BLOCK_P=block_p, BLOCK_T=block_t)
 
 
