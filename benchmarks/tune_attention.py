@@ -64,6 +64,11 @@ SETS = {
     # the table's tiles for these were chosen with Q/K padded. Untimed when added.
     "qk-split": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
                  (1, 16, 16384, 96, 96, False, None)],
+    # The papers' sweep at N <= 1,024, where genoflash trails FA2 (2026-11-30): the long-N tiles
+    # (3 stages, ~196 KB shared at hd128) fit one CTA per SM, so nothing hides a short program's
+    # prologue and epilogue. Candidates with 2 stages or narrower tiles fit two.
+    "small-n": [(32, 16, 512, 128, 128, False, None), (32, 16, 512, 128, 128, True, None),
+                (32, 32, 512, 64, 64, True, None), (16, 8, 1024, 256, 256, False, None)],
     "rope-spills": [(1, 16, 16384, 128, 128, False, None, torch.float16),
                     (1, 16, 16384, 128, 128, False, None, torch.float32)],
 }
@@ -93,6 +98,12 @@ CANDIDATES = {
                                            (128, 64, 8, 2)]]),
     "hd256": ([], [TileConfig(*c) for c in [(32, 64, 8, 3), (32, 64, 8, 2), (32, 64, 4, 3)]],
               [TileConfig(*c) for c in [(64, 32, 8, 3), (64, 64, 8, 2), (64, 32, 4, 3)]]),
+    "small-n": ([TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 2), (64, 64, 4, 2),
+                                          (64, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 2)]],
+                [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2),
+                                          (32, 128, 4, 2), (64, 64, 8, 2)]],
+                [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2),
+                                          (128, 32, 4, 2)]]),
     "masked-dkdv": ([], [TileConfig(*c) for c in [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 4, 3),
                                                   (32, 64, 4, 3)]], []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],
