@@ -1,0 +1,96 @@
+"""Where genoflash's attention spends host time at short sequences (a research probe, GPU only).
+
+The papers' sweep (2026-11-30) has genoflash behind FA2 at N = 512 in fwd+bwd while its kernels,
+added up from torch.profiler, would put it ahead (B32 H16 N512 hd128: 0.84 ms of kernels, 1.25 ms
+measured). This probe tells host-bound from device-bound:
+  1. per call, the time the host takes to *enqueue* fwd, and fwd+bwd (no synchronize inside the
+     loop), against the synchronised wall time per call, for genoflash and SDPA's flash backend;
+  2. cProfile of genoflash's fwd+bwd calls: the Python functions with the most own time.
+
+    python benchmarks/attention_host_probe.py --out /tmp/host.json [--batch 32 --nheads 16 --seqlen 512]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+import torch.nn.functional as F
+
+import genoflash
+from genoflash.bench.records import run_metadata
+
+
+def per_call(fn, iters: int) -> dict:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    enqueued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    return dict(enqueue_ms=enqueued / iters * 1e3, wall_ms=wall / iters * 1e3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--nheads", type=int, default=16)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    b, h, n, d = args.batch, args.nheads, args.seqlen, args.headdim
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    doutt = dout.transpose(1, 2)
+
+    def gf_fwd():
+        with torch.no_grad():
+            genoflash.flash_attn_func(q, k, v, causal=args.causal)
+
+    def gf_fwd_bwd():
+        torch.autograd.grad(genoflash.flash_attn_func(q, k, v, causal=args.causal), (q, k, v), dout)
+
+    def sdpa(bwd):
+        def run():
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+                if bwd:
+                    torch.autograd.grad(out, (qt, kt, vt), doutt)
+        return run
+
+    report = dict(run_metadata(), shape=dict(batch=b, nheads=h, seqlen=n, headdim=d, causal=args.causal), calls={})
+    for name, fn in (("genoflash fwd", gf_fwd), ("genoflash fwd+bwd", gf_fwd_bwd),
+                     ("sdpa-flash fwd", sdpa(False)), ("sdpa-flash fwd+bwd", sdpa(True))):
+        report["calls"][name] = per_call(fn, args.iters)
+        print(f"{name:20s} enqueue {report['calls'][name]['enqueue_ms']:.3f} ms/call, "
+              f"wall {report['calls'][name]['wall_ms']:.3f} ms/call", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.iters):
+        gf_fwd_bwd()
+    prof.disable()
+    torch.cuda.synchronize()
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
+        report[f"cprofile_{key}"] = s.getvalue()
+        print(s.getvalue())
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
