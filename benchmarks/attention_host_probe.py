@@ -5,7 +5,9 @@ added up from torch.profiler, would put it ahead (B32 H16 N512 hd128: 0.84 ms of
 measured). This probe tells host-bound from device-bound:
   1. per call, the time the host takes to *enqueue* fwd, and fwd+bwd (no synchronize inside the
      loop), against the synchronised wall time per call, for genoflash and SDPA's flash backend;
-  2. cProfile of genoflash's fwd+bwd calls: the Python functions with the most own time.
+  2. the same enqueue time for parts of the call: attention_forward / attention_backward called
+     directly (no autograd), and torch.autograd.grad alone on a retained graph;
+  3. cProfile of genoflash's fwd+bwd calls: the Python functions with the most own time.
 
     python benchmarks/attention_host_probe.py --out /tmp/host.json [--batch 32 --nheads 16 --seqlen 512]
 """
@@ -73,6 +75,20 @@ def main() -> None:
     report = dict(run_metadata(), shape=dict(batch=b, nheads=h, seqlen=n, headdim=d, causal=args.causal), calls={})
     for name, fn in (("genoflash fwd", gf_fwd), ("genoflash fwd+bwd", gf_fwd_bwd),
                      ("sdpa-flash fwd", sdpa(False)), ("sdpa-flash fwd+bwd", sdpa(True))):
+        report["calls"][name] = per_call(fn, args.iters)
+        print(f"{name:20s} enqueue {report['calls'][name]['enqueue_ms']:.3f} ms/call, "
+              f"wall {report['calls'][name]['wall_ms']:.3f} ms/call", flush=True)
+    from genoflash.ops.attention.args import AttentionArgs
+    from genoflash.ops.attention.backward import attention_backward
+    from genoflash.ops.attention.forward import attention_forward
+    a = AttentionArgs(d ** -0.5, -1, 0 if args.causal else -1)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = attention_forward(qd, kd, vd, a)
+    retained = genoflash.flash_attn_func(q, k, v, causal=args.causal)
+    for name, fn in (("attention_forward", lambda: attention_forward(qd, kd, vd, a)),
+                     ("attention_backward", lambda: attention_backward(dout, qd, kd, vd, out, lse, a)),
+                     ("autograd.grad alone", lambda: torch.autograd.grad(retained, (q, k, v), dout, retain_graph=True)),
+                     ("empty backward graph", lambda: torch.autograd.grad((q * 1.0).sum(), (q,)))):
         report["calls"][name] = per_call(fn, args.iters)
         print(f"{name:20s} enqueue {report['calls'][name]['enqueue_ms']:.3f} ms/call, "
               f"wall {report['calls'][name]['wall_ms']:.3f} ms/call", flush=True)
