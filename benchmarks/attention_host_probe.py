@@ -92,6 +92,27 @@ def main() -> None:
         report["calls"][name] = per_call(fn, args.iters)
         print(f"{name:20s} enqueue {report['calls'][name]['enqueue_ms']:.3f} ms/call, "
               f"wall {report['calls'][name]['wall_ms']:.3f} ms/call", flush=True)
+    # The backward under autograd runs on the engine's device thread: time attention_backward
+    # there (wrapped), against the same call on this thread above.
+    import threading
+    from genoflash.ops.attention import interface
+    inner, threads, original = [], set(), interface._backward
+
+    def timed_backward(*a_, **kw):
+        start = time.perf_counter()
+        result = original(*a_, **kw)
+        inner.append(time.perf_counter() - start)
+        threads.add(threading.get_ident() == threading.main_thread().ident)
+        return result
+    interface._backward = timed_backward
+    try:
+        report["calls"]["autograd.grad, timed inside"] = per_call(
+            lambda: torch.autograd.grad(retained, (q, k, v), dout, retain_graph=True), args.iters)
+    finally:
+        interface._backward = original
+    report["calls"]["autograd.grad, timed inside"].update(
+        inner_backward_ms=sorted(inner)[len(inner) // 2] * 1e3, on_main_thread=sorted(threads))
+    print("autograd.grad, timed inside", report["calls"]["autograd.grad, timed inside"], flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.iters):
