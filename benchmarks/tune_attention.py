@@ -69,6 +69,10 @@ SETS = {
     # prologue and epilogue. Candidates with 2 stages or narrower tiles fit two.
     "small-n": [(32, 16, 512, 128, 128, False, None), (32, 16, 512, 128, 128, True, None),
                 (32, 32, 512, 64, 64, True, None), (16, 8, 1024, 256, 256, False, None)],
+    # The same shapes, each default beside the candidates that won (or were cut off by a fault)
+    # in the qk-split run at 8a2b967, whose lists lacked the defaults.
+    "qk-split-2": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
+                   (1, 16, 16384, 96, 96, False, None)],
     "rope-spills": [(1, 16, 16384, 128, 128, False, None, torch.float16),
                     (1, 16, 16384, 128, 128, False, None, torch.float32)],
 }
@@ -104,6 +108,12 @@ CANDIDATES = {
                                           (32, 128, 4, 2), (64, 64, 8, 2)]],
                 [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2),
                                           (128, 32, 4, 2)]]),
+    # 32x64 w4 s3 is left out of dK/dV: at hd 96 with both channel splits it faulted (an illegal
+    # memory access at N >= 4,096, not under compute-sanitizer; results/h200-2026-11-30-tile-fault-probe-hd96.log).
+    "qk-split-2": ([TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3)]],
+                   [TileConfig(*c) for c in [(16, 128, 8, 3), (32, 64, 8, 3), (32, 128, 8, 2), (64, 128, 8, 3),
+                                             (64, 64, 8, 3)]],
+                   [TileConfig(*c) for c in [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 3)]]),
     "masked-dkdv": ([], [TileConfig(*c) for c in [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 4, 3),
                                                   (32, 64, 4, 3)]], []),
     "dropout": ([TileConfig(*c) for c in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)]],
