@@ -15,6 +15,7 @@ unset TRITON_INTERPRET
 # spawned ranks inherit this.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out_dir=${OUT:-/tmp}
+mkdir -p "$out_dir"  # under pipefail, tee into a missing folder would end the run before pytest
 python3 - <<'PY' | tee "$out_dir/gpu_env.txt"
 import datetime, os, subprocess, torch, triton
 # The device machine gets a copy of the tree without .git: the caller passes GENOFLASH_COMMIT.

@@ -46,6 +46,7 @@ pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled
     "plain 128 192",
     "plain 192 128",  # Q/K split in two channel groups
     "plain 96 --causal",  # both
+    "plain 192 192 --causal",  # both, at the (192, 192) row's tiles (serialised at hd256's 32x64 dK/dV)
 ])
 def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

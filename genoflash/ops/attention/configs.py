@@ -118,8 +118,10 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
         return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
                               fused_dkdv=TileConfig(64, 128, 8, 3))
     if widest <= 128 and not rotary_table_bytes:
-        return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3),
-                              fused_dkdv=TileConfig(32, 128, 8, 3))
+        # hd96 with Q/K and V as 64 + 32 channels (results/tune-qk-split-2-h200-2026-11-30-b7e9319.json,
+        # H16 N16k, whole backward): dQ 64x64 w4 s3 11.58 ms against 12.47 for 128x64 w8 s3.
+        dq = TileConfig(64, 64, 4, 3) if channel_blocks(head_dim)[1] else TileConfig(128, 64, 8, 3)
+        return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), dq, fused_dkdv=TileConfig(32, 128, 8, 3))
     if widest <= 128:  # with RoPE
         return BackwardConfig(TileConfig(64, 128, 8, 2 if causal else 3), TileConfig(128, 64, 8, 3),
                               dq_rope_by_tma=True)
@@ -144,7 +146,17 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
         # tune-dv192-dv64-h200-2026-11-30-e48bc66.json): dK/dV 16x128 w8 s3 11.17 / 11.34 ms against
         # 32x128 w8 s2 11.39 / 11.48 (which spills 52 bytes at sm_90; 16 query rows per step leave
         # the 192-wide accumulator room), then dQ 64x64 w4 s3 10.74 / 10.92 against 128x32 w8 s3.
-        return BackwardConfig(TileConfig(16, 128, 8, 3), TileConfig(64, 64, 4, 3))
+        # With Q/K split (128 + 64, configs.channel_blocks), dQ 128x64 w8 s3 9.56 ms against 10.07
+        # (results/tune-qk-split-2-h200-2026-11-30-b7e9319.json); with dropout it spills at sm_90.
+        split_qk = channel_blocks(head_dim)[1] > 0
+        dq = TileConfig(128, 64, 8, 3) if split_qk and not dropout else TileConfig(64, 64, 4, 3)
+        return BackwardConfig(TileConfig(16, 128, 8, 3), dq)
+    if head_dim + head_dim_v <= 384 and split_v and channel_blocks(head_dim)[1]:
+        # (192, 192) with Q/K and V as 128 + 64 channels (same file, B2 H8 N8192, whole backward):
+        # dK/dV 16x128 w8 s3 6.98 ms against 10.27 for hd256's 32x64 w8 s3, then dQ 64x64 w4 s3 5.96
+        # against 6.98 for 64x32 w4 s3. At sm_90 neither spills, and the causal dK/dV pass no longer
+        # serialises its wgmma as 32x64 did; with dropout 64x64 dQ spills 124 bytes, so it keeps 64x32.
+        return BackwardConfig(TileConfig(16, 128, 8, 3), TileConfig(64, 32 if dropout else 64, 4, 3))
     # hd256 (results/tune-hd256-h200-2026-11-30-772ec5e.json, whole backward at B2 H8 N8192): dK/dV
     # 32x64 with 8 warps 12.54 ms against 24.92 with 4, which held 2 x 64 x 256 float32 accumulators
     # over 128 threads and spilled 1.5 KB (sm_90; 8 warps: no spills); s2 14.50. dQ then 64x32 w4 s3
