@@ -25,6 +25,28 @@ print(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='s
 print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
       f"cuda {torch.version.cuda}  commit {commit or 'unknown'}")
 PY
+# GENOFLASH_GPU_SPLIT=2 (no arguments; two GPUs): the suite in two halves side by side, ~8 min
+# instead of ~14. GPU 0 takes the model, training, Hyena, benchmark and distributed files (with
+# GPU 1 visible too, so that the two-rank NCCL tests run); GPU 1 takes every other file. Logs go to
+# $OUT/gpu0 and $OUT/gpu1; the exit status fails if either half fails.
+if [[ "${GENOFLASH_GPU_SPLIT:-0}" == 2 && $# -eq 0 ]]; then
+    first=(tests/test_models.py tests/test_train.py tests/test_hyena.py tests/test_bench.py tests/test_distributed.py)
+    mapfile -t second < <(ls tests/test_*.py | grep -v -x -F -f <(printf '%s\n' "${first[@]}"))
+    self="$PWD/scripts/gpu_tests.sh"
+    CUDA_VISIBLE_DEVICES=0,1 OUT="$out_dir/gpu0" GENOFLASH_GPU_SPLIT=0 \
+        GENOFLASH_TEST_WORKERS="${GENOFLASH_TEST_WORKERS:-6}" bash "$self" "${first[@]}" > "$out_dir/gpu0.out" 2>&1 &
+    pid0=$!
+    CUDA_VISIBLE_DEVICES=1 OUT="$out_dir/gpu1" GENOFLASH_GPU_SPLIT=0 \
+        GENOFLASH_TEST_WORKERS="${GENOFLASH_TEST_WORKERS:-10}" bash "$self" "${second[@]}" > "$out_dir/gpu1.out" 2>&1 &
+    pid1=$!
+    status=0
+    wait "$pid0" || status=1
+    wait "$pid1" || status=1
+    for half in gpu0 gpu1; do  # each half's summary line (or its output's end, if pytest never ran)
+        echo "== $half"; tail -n 1 "$out_dir/$half/gpu_tests.log" 2>/dev/null || tail -n 5 "$out_dir/$half.out"
+    done
+    exit "$status"
+fi
 # No path given: pyproject's testpaths (tests/). Paths or -k given as arguments narrow the run.
 python3 -m pytest -q -p no:cacheprovider -n "${GENOFLASH_TEST_WORKERS:-8}" -rfE --durations=10 \
     --junitxml "$out_dir/gpu_tests.xml" "$@" 2>&1 | tee "$out_dir/gpu_tests.log"
