@@ -57,19 +57,10 @@ def main() -> None:
     JITFunction.run = timed_compile_only
     import genoflash
     from genoflash.backends import use_backend
-    from genoflash.ops.attention import backward as bwd_mod, configs, descriptors, forward as fwd_mod, interface
+    from genoflash.ops.attention import backward as bwd_mod, forward as fwd_mod
     from genoflash.ops.attention.args import AttentionArgs
 
-    # CPU tensors stand in for CUDA ones, with the GPU's tile configs and TMA eligibility.
-    interface._check_triton_device = lambda q: None
-    gpu = torch.device("cuda")
-    fwd_cfg, bwd_cfg = configs.forward_config, configs.backward_config
-    fwd_mod.forward_config = lambda d, dv, c, dt, dev, *rest: fwd_cfg(d, dv, c, dt, gpu, *rest)
-    bwd_mod.backward_config = lambda d, dv, c, dt, dev, *rest: bwd_cfg(d, dv, c, dt, gpu, *rest)
-
-    def tma_on_sm90(varlen, rotary_dim, *tensors):
-        return not varlen and not rotary_dim and all(t.dim() == 4 and descriptors._aligned(t) for t in tensors)
-    fwd_mod.tma_applies = bwd_mod.tma_applies = descriptors.tma_applies = tma_on_sm90
+    oc.stand_in_for_sm90()  # CPU tensors with the GPU's tile configs and TMA eligibility
 
     b, h, n, d = args.batch, args.nheads, args.seqlen, args.headdim
     q, k, v = (torch.randn(b, n, h, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

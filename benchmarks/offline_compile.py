@@ -138,6 +138,31 @@ def _tiles(text):
     return TileConfig(*(int(x) for x in text.split(",")))
 
 
+def stand_in_for_sm90(no_tma: bool = False) -> torch.device:
+    """Let CPU tensors stand in for CUDA ones in genoflash's attention: skip the device check,
+    choose the GPU's tile configs, and count tensors as TMA-eligible as on Hopper (unless
+    no_tma). Call after the driver is set (and JITFunction.run replaced). Returns the device whose
+    configs apply."""
+    from genoflash.ops.attention import backward as bwd_mod, configs, descriptors, forward as fwd_mod, interface
+
+    interface._check_triton_device = lambda q: None
+    gpu = torch.device("cuda")
+    fwd_cfg, bwd_cfg = configs.forward_config, configs.backward_config
+    configs.forward_config = lambda d, dv, causal, dt, device, *rest: fwd_cfg(d, dv, causal, dt, gpu, *rest)
+    configs.backward_config = lambda d, dv, causal, dt, device, *rest: bwd_cfg(d, dv, causal, dt, gpu, *rest)
+    for mod in (fwd_mod, bwd_mod):
+        for name in ("forward_config", "backward_config"):
+            if hasattr(mod, name):
+                setattr(mod, name, getattr(configs, name))
+
+    def tma_on_sm90(varlen, rotary_dim, *tensors):
+        return (not no_tma and not varlen and not rotary_dim
+                and all(t.dim() == 4 and descriptors._aligned(t) for t in tensors))
+    # descriptors.tma_applies too: rope_tma_applies (the forward's RoPE path) asks it.
+    fwd_mod.tma_applies = bwd_mod.tma_applies = descriptors.tma_applies = tma_on_sm90
+    return gpu
+
+
 def main(argv):
     import argparse
     parser = argparse.ArgumentParser()
@@ -170,30 +195,11 @@ def main(argv):
     driver.set_active(_Sm90Driver())
     JITFunction.run = _compile_only
     import genoflash
-    from genoflash.ops.attention import configs, interface
+    from genoflash.ops.attention import configs
     from genoflash.rotary import rotary_tables
 
-    # CPU tensors stand in for CUDA ones: skip the device check, and pick the GPU tile configs.
-    interface._check_triton_device = lambda q: None
-    gpu = torch.device("cuda")
-    fwd_cfg, bwd_cfg = configs.forward_config, configs.backward_config
-    configs.forward_config = lambda d, dv, causal, dt, device, *rest: fwd_cfg(d, dv, causal, dt, gpu, *rest)
-    configs.backward_config = lambda d, dv, causal, dt, device, *rest: bwd_cfg(d, dv, causal, dt, gpu, *rest)
-    import importlib
-    for mod in ("forward", "backward"):
-        m = importlib.import_module(f"genoflash.ops.attention.{mod}")
-        for name in ("forward_config", "backward_config"):
-            if hasattr(m, name):
-                setattr(m, name, getattr(configs, name))
-
-    # TMA descriptors apply on Hopper; the CPU tensors standing in here must count as eligible.
-    from genoflash.ops.attention import backward as bwd_mod, descriptors, forward as fwd_mod
-
-    def tma_on_sm90(varlen, rotary_dim, *tensors):
-        return (not args.no_tma and not varlen and not rotary_dim
-                and all(t.dim() == 4 and descriptors._aligned(t) for t in tensors))
-    # descriptors.tma_applies too: rope_tma_applies (the forward's RoPE path) asks it.
-    fwd_mod.tma_applies = bwd_mod.tma_applies = descriptors.tma_applies = tma_on_sm90
+    gpu = stand_in_for_sm90(no_tma=args.no_tma)
+    bwd_cfg = configs.backward_config
 
     case, d = args.case, args.d
     dv = args.dv or d
