@@ -1,9 +1,12 @@
 """Run one attention fwd+bwd at forced tiles and compare its gradients with the torch backend's
 (a research probe, GPU only). Each run is a separate process, since an illegal memory access
-leaves the CUDA context unusable; under compute-sanitizer it names the faulting kernel.
+leaves the CUDA context unusable; compute-sanitizer can run it too.
 
-Found by tune_attention.py --set qk-split (2026-11-30): at hd 96 (Q/K and V split 64 + 32), a
-dK/dV candidate after 64x128 w8 s2 ended the process with an illegal memory access.
+Found by tune_attention.py --set qk-split (2026-11-30): at hd 96 (Q/K and V split 64 + 32) the
+dK/dV candidate 32x64 w4 s3 ended the process with an illegal memory access. This probe showed
+it at N >= 4,096 with H16 (N16k with H4), not causal, only with both splits; under
+compute-sanitizer (memcheck, racecheck) it ran clean and correct, so the fault depends on
+timing (results/h200-2026-11-30-tile-fault-probe-hd96.log).
 
     python benchmarks/tile_fault_probe.py --headdim 96 --dkdv 32,64,4,3 [--split on|off] [--dq ...]
 """

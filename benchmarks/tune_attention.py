@@ -61,7 +61,9 @@ SETS = {
     # and spills 1.5 KB at sm_90; with 8 warps 32x64 compiles without spills (offline_compile.py).
     "hd256": [(2, 8, 8192, 256, 256, False, None)],
     # Q/K's pass-through channels split in two groups too (922cd65: 192 = 128 + 64, 96 = 64 + 32);
-    # the table's tiles for these were chosen with Q/K padded. Untimed when added.
+    # the table's tiles for these were chosen with Q/K padded. Run at 8a2b967: its default dK/dV
+    # list holds 32x64 w4 s3, which faults at hd 96 with both splits (tile_fault_probe.py) and
+    # ended the run; qk-split-2 below is the set to use.
     "qk-split": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
                  (1, 16, 16384, 96, 96, False, None)],
     # The papers' sweep at N <= 1,024, where genoflash trails FA2 (2026-11-30): the long-N tiles
