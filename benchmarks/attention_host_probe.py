@@ -7,7 +7,11 @@ measured). This probe tells host-bound from device-bound:
      loop), against the synchronised wall time per call, for genoflash and SDPA's flash backend;
   2. the same enqueue time for parts of the call: attention_forward / attention_backward called
      directly (no autograd), and torch.autograd.grad alone on a retained graph;
-  3. cProfile of genoflash's fwd+bwd calls: the Python functions with the most own time.
+  3. cProfile of genoflash's fwd+bwd calls: the Python functions with the most own time;
+  4. without the profiler, the host time of one fwd+bwd split by layer, with timers around
+     triton's layers: JITFunction.run (argument binding, specialisation, cache lookup), inside it
+     the launcher's Python wrapper (argument list, TMA descriptors encoded per launch), inside
+     that the descriptor encoding itself; the rest is genoflash's Python and autograd.
 
     python benchmarks/attention_host_probe.py --out /tmp/host.json [--batch 32 --nheads 16 --seqlen 512]
 """
@@ -38,6 +42,50 @@ def per_call(fn, iters: int) -> dict:
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
     return dict(enqueue_ms=enqueued / iters * 1e3, wall_ms=wall / iters * 1e3)
+
+
+def host_split(fn, iters: int) -> dict:
+    """Per call of fn, the host microseconds spent in triton's launch layers (nested: each
+    includes the next), and the whole call."""
+    from triton.backends.nvidia import driver as nv_driver
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    spent = {"JITFunction.run": 0.0, "launcher (wrapper + C)": 0.0, "TMA descriptor encoding": 0.0}
+    calls = {key: 0 for key in spent}
+
+    def timed(key, inner):
+        def wrapper(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                spent[key] += time.perf_counter() - start
+                calls[key] += 1
+        return wrapper
+
+    utils = driver.active.utils
+    saved = (JITFunction.run, nv_driver.CudaLauncher.__call__, utils.fill_tma_descriptor)
+    JITFunction.run = timed("JITFunction.run", saved[0])
+    nv_driver.CudaLauncher.__call__ = timed("launcher (wrapper + C)", saved[1])
+    utils.fill_tma_descriptor = timed("TMA descriptor encoding", saved[2])
+    try:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        for key in spent:
+            spent[key], calls[key] = 0.0, 0
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        total = time.perf_counter() - start
+        torch.cuda.synchronize()
+    finally:
+        JITFunction.run, nv_driver.CudaLauncher.__call__, utils.fill_tma_descriptor = saved
+    split = {key: round(value / iters * 1e6, 1) for key, value in spent.items()}
+    split.update({f"{key} calls": count / iters for key, count in calls.items()})
+    split["whole call (timers on)"] = round(total / iters * 1e6, 1)
+    return split
 
 
 def main() -> None:
@@ -113,6 +161,8 @@ def main() -> None:
     report["calls"]["autograd.grad, timed inside"].update(
         inner_backward_ms=sorted(inner)[len(inner) // 2] * 1e3, on_main_thread=sorted(threads))
     print("autograd.grad, timed inside", report["calls"]["autograd.grad, timed inside"], flush=True)
+    report["split"] = host_split(gf_fwd_bwd, args.iters)
+    print("host split per fwd+bwd (us):", report["split"], flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.iters):
