@@ -71,6 +71,13 @@ SETS = {
     # prologue and epilogue. Candidates with 2 stages or narrower tiles fit two.
     "small-n": [(32, 16, 512, 128, 128, False, None), (32, 16, 512, 128, 128, True, None),
                 (32, 32, 512, 64, 64, True, None), (16, 8, 1024, 256, 256, False, None)],
+    # hd256's backward, 8-14% behind SDPA flash in the sweep at 8a2b967: a wider search than
+    # "hd256" above, over the tiles that compile at sm_90 without spills (offline_compile.py plain
+    # 256, 2026-11-30: dK/dV 16x64 w8 s3/s4 229/238 regs, 32x64 w8 s4 197 KB shared; 16-warp and
+    # 128-key tiles spill; dQ 128x32 w8 s3/s4, 64x32 w4 s4, 32x64 w4 s3, 64x64 w8 s3), at the
+    # sweep's N8192 (both masks) and N1024.
+    "hd256-2": [(2, 8, 8192, 256, 256, False, None), (2, 8, 8192, 256, 256, True, None),
+                (16, 8, 1024, 256, 256, False, None)],
     # The same shapes, each default beside the candidates that won (or were cut off by a fault)
     # in the qk-split run at 8a2b967, whose lists lacked the defaults.
     "qk-split-2": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
@@ -104,6 +111,9 @@ CANDIDATES = {
                                            (128, 64, 8, 2)]]),
     "hd256": ([], [TileConfig(*c) for c in [(32, 64, 8, 3), (32, 64, 8, 2), (32, 64, 4, 3)]],
               [TileConfig(*c) for c in [(64, 32, 8, 3), (64, 64, 8, 2), (64, 32, 4, 3)]]),
+    "hd256-2": ([], [TileConfig(*c) for c in [(32, 64, 8, 3), (32, 64, 8, 4), (16, 64, 8, 3), (16, 64, 8, 4)]],
+                [TileConfig(*c) for c in [(64, 32, 4, 3), (64, 32, 4, 4), (128, 32, 8, 3), (128, 32, 8, 4),
+                                          (32, 64, 4, 3), (64, 64, 8, 3)]]),
     "small-n": ([TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 2), (64, 64, 4, 2),
                                           (64, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 2)]],
                 [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2),
