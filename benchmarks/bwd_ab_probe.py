@@ -41,6 +41,11 @@ SHAPES = [
     ("H16 N16k hd128 causal alibi", 1, 16, 16384, 128, 128, True, None, "alibi"),
     ("H16 N16k hd128 dropout 0.1", 1, 16, 16384, 128, 128, False, None, "dropout"),
     ("H16 N16k hd128 causal dropout 0.1", 1, 16, 16384, 128, 128, True, None, "dropout"),
+    # hd256 at the papers' sweep's N8192 and N1024 (B x N = 16k, H8), and windowed
+    ("B2 H8 N8k hd256", 2, 8, 8192, 256, 256, False, None, None),
+    ("B2 H8 N8k hd256 causal", 2, 8, 8192, 256, 256, True, None, None),
+    ("B16 H8 N1k hd256 causal", 16, 8, 1024, 256, 256, True, None, None),
+    ("H8 N16k hd256 window 2048", 1, 8, 16384, 256, 256, False, 2048, None),
 ]
 
 

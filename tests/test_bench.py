@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
+import torch
 
 from genoflash.bench import features, memory
 from genoflash.cli import main
@@ -48,6 +50,19 @@ def test_memory_floor_and_plot(tmp_path):
     memory.plot(report, tmp_path / "m.png")
     assert (tmp_path / "m.png").stat().st_size > 1000
     json.dumps(report)
+
+
+def test_bench_attention_headdim_filter_keeps_only_those_shapes():
+    from genoflash.bench import attention
+
+    args = attention.parse_args(["--shapes", "sweep", "--headdim", "256", "--seqlen", "512,1024"])
+    shapes = attention.select_shapes(args)
+    assert {(s.headdim, s.seqlen) for s in shapes} == {(256, 512), (256, 1024)}
+    assert {s.causal for s in shapes} == {False, True}
+    assert attention.metadata(torch.device("cpu"), args, datetime.datetime.now())["shapes"] == \
+        "sweep (seqlen 512,1024) (headdim 256)"
+    with pytest.raises(SystemExit, match="headdim"):
+        attention.select_shapes(attention.parse_args(["--shapes", "genomic", "--headdim", "96"]))
 
 
 def test_bench_attention_seqlen_filter_keeps_only_those_shapes():

@@ -10,6 +10,7 @@ import torch
 
 import genoflash
 from genoflash.ops.attention.configs import BackwardConfig, TileConfig, override_configs, value_blocks
+from genoflash.ops.attention.dropout import DropoutArgs
 from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
 
 from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
@@ -275,6 +276,44 @@ def test_uneven_tilings_with_window(device):
         torch.manual_seed(18)
         check_fixed("triton", device, 1, 75, 61, 2, 2, 16, 16, dtype=torch.float32, window_size=(13, 6))
         check_fixed("triton", device, 1, 61, 75, 2, 2, 16, 16, dtype=torch.float32, window_size=(2, 20))
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,features", [
+    (75, 61, dict(causal=True)),
+    (61, 75, dict(causal=True)),
+    (129, 129, dict(window_size=(13, 6))),
+    (61, 75, dict(window_size=(2, 20), softcap=2.0)),
+    (100, 100, dict(causal=True, window_size=(17, -1), dropout_p=0.2, dropout_seed=5)),
+], ids=["causal-q>k", "causal-q<k", "window", "window-softcap", "causal-window-dropout"])
+def test_dkdv_pass_masking_every_tile(seqlen_q, seqlen_k, features, device, monkeypatch):
+    """BackwardConfig.dkdv_mask_every_tile (hd256's causal and windowed backward, where the edge
+    branch serialised the wgmma at sm_90): the dK/dV pass then masks every tile, so that the whole
+    tiles' scores go through the mask too. The mask keeps every score of a whole tile, so the
+    gradients equal the edges-only pass's bit for bit, and both are within the rule."""
+    from genoflash.ops.attention import backward
+
+    seen = []
+    real_launch = backward.launch
+    monkeypatch.setattr(backward, "launch", lambda *a, **kw: (seen.append(kw.get("MASK_EDGES_ONLY")),
+                                                              real_launch(*a, **kw)))
+    torch.manual_seed(seqlen_q + seqlen_k)
+    q = make((2, seqlen_q, 2, 24), torch.float32, device)
+    k, v = (make((2, seqlen_k, 2, 24), torch.float32, device) for _ in range(2))
+    dout = torch.randn(2, seqlen_q, 2, 24, device=device)
+    runs = {}
+    for every_tile in (False, True):
+        bwd = BackwardConfig(TileConfig(16, 32), TileConfig(32, 16), 16, dkdv_mask_every_tile=every_tile)
+        with genoflash.use_backend("triton"), override_configs(TileConfig(32, 16), bwd):
+            runs[every_tile] = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features),
+                                                 q, k, v, dout)
+    assert seen == [True, None, False, None]  # dK/dV (edges only, then every tile), then dQ
+    for name, a, b in zip(["out", "dq", "dk", "dv"], runs[False], runs[True]):
+        assert torch.equal(a, b), name
+    ref_features = {n: x for n, x in features.items() if not n.startswith("dropout")}
+    if "dropout_p" in features:  # the same mask, materialised (dropout.py)
+        ref_features["dropout"] = DropoutArgs(features["dropout_p"], features["dropout_seed"], 0)
+    truth, same = reference_pair(q, k, v, dout, fn=lambda a, b, c: attention_reference(a, b, c, **ref_features)[0])
+    assert_within_rule(runs[True], truth, same)
 
 
 def test_reference_backend_has_every_feature(device):

@@ -47,6 +47,8 @@ pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled
     "plain 192 128",  # Q/K split in two channel groups
     "plain 96 --causal",  # both
     "plain 192 192 --causal",  # both, at the (192, 192) row's tiles (serialised at hd256's 32x64 dK/dV)
+    "plain 256 --causal",  # hd256: its dK/dV pass masks every tile (BackwardConfig.dkdv_mask_every_tile);
+    "window 256",  # with the edge branch both were serialised
 ])
 def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

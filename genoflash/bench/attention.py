@@ -319,7 +319,9 @@ def metadata(device: torch.device, args: argparse.Namespace, now: datetime.datet
         },
         "method": METHOD if cuda else "dry run: time.perf_counter median of 3 calls on the CPU",
         "dtype": args.dtype,
-        "shapes": "dry-run" if args.dry_run else args.shapes + (" (quick)" if args.quick else ""),
+        "shapes": "dry-run" if args.dry_run else args.shapes + (" (quick)" if args.quick else "") + "".join(
+            f" ({name} {','.join(map(str, sorted(values)))})" for name in ("seqlen", "headdim")
+            if (values := getattr(args, name, None))),
         "genoflash_backend": "triton" if cuda else "torch",
     }
 
@@ -390,7 +392,7 @@ def print_table(report: dict) -> None:
 
 # ---------------------------------------------------------------- command line
 
-def _seqlens(text: str) -> set[int]:
+def _seqlens(text: str) -> set[int]:  # also head dims
     try:
         return {int(n) for n in text.split(",")}
     except ValueError:
@@ -408,6 +410,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="only head dim 128 and seqlen <= 65536")
     parser.add_argument("--seqlen", type=_seqlens, help="only the shapes of the set with these sequence lengths "
                         "(comma-separated), e.g. to finish a set in two device calls")
+    parser.add_argument("--headdim", type=_seqlens, help="only the shapes of the set with these head dims "
+                        "(comma-separated)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on the CPU with the torch backend (no GPU needed)")
@@ -424,6 +428,10 @@ def select_shapes(args: argparse.Namespace) -> list[Shape]:
         shapes = [s for s in shapes if s.seqlen in args.seqlen]
         if not shapes:
             raise SystemExit(f"no shape of the set {args.shapes!r} has seqlen in {sorted(args.seqlen)}")
+    if args.headdim:
+        shapes = [s for s in shapes if s.headdim in args.headdim]
+        if not shapes:
+            raise SystemExit(f"no shape of the set {args.shapes!r} has headdim in {sorted(args.headdim)}")
     return shapes
 
 

@@ -189,7 +189,7 @@ def _attn_bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
-    DQ_TMA: tl.constexpr, GROUP_SPLIT: tl.constexpr,
+    DQ_TMA: tl.constexpr, GROUP_SPLIT: tl.constexpr, MASK_EDGES_ONLY: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -252,6 +252,8 @@ def _attn_bwd_dkdv_kernel(
             # as the forward and the dQ pass have them) ptxas serialised every wgmma of this kernel
             # (its note C7515 at sm_90; benchmarks/offline_compile.py marks such kernels
             # WGMMA-SERIALIZED): the dK/dV accumulators flow from one loop into the next.
+            # MASK_EDGES_ONLY masks the edge tiles alone, behind a branch; off, every tile is masked
+            # (no branch), where the branch serialised the wgmma (BackwardConfig.dkdv_mask_every_tile).
             dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
                                       dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
@@ -263,7 +265,7 @@ def _attn_bwd_dkdv_kernel(
                                       BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
                                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                                       ROTARY_INTERLEAVED,
-                                      HAS_DROPOUT, True, True, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+                                      HAS_DROPOUT, True, MASK_EDGES_ONLY, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
         else:
             # Full attention: the whole tiles' loop between two edge loops that are empty at run
             # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
@@ -618,6 +620,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
         heads_per_split, dk_out.stride(0), dv_out.stride(0),
         BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, DQ_TMA=dq_tma, GROUP_SPLIT=splits > 1,
+        MASK_EDGES_ONLY=not cfg.dkdv_mask_every_tile,
         **{**shared, "TMA": dkdv_tma},
     )
     if splits > 1:  # a fixed-order sum in float32, one rounding to the gradients' dtype

@@ -47,6 +47,13 @@ class BackwardConfig:
     # 219.5, fp16 209.3 -> 205.5; results/h200-2026-11-30-rope-probe-4a904cb.json), so the
     # RoPE entry up to hd128 takes it. Other head dims are untimed and keep pointer loads.
     dq_rope_by_tma: bool = False
+    # Causal and windowed backward: the dK/dV pass runs one loop over every visible query tile
+    # and, by default, masks only the edge tiles behind a branch. Where that branch costs the
+    # kernel its tensor-core pipelining (ptxas note C7515 near the 255-register limit; hd256 at
+    # its 32x64 tile, benchmarks/offline_compile.py "plain 256 --causal" and "window 256"), the
+    # pass masks every tile instead: the same scores (a whole tile's mask keeps every score),
+    # a few compares per score more, and no branch.
+    dkdv_mask_every_tile: bool = False
 
 
 # Uneven on purpose (BLOCK_M != BLOCK_N), like the GPU tilings, so CPU tests cross the same kinds
@@ -161,7 +168,13 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     # 32x64 with 8 warps 12.54 ms against 24.92 with 4, which held 2 x 64 x 256 float32 accumulators
     # over 128 threads and spilled 1.5 KB (sm_90; 8 warps: no spills); s2 14.50. dQ then 64x32 w4 s3
     # 12.46 against 64x64 w8 s2 15.58 and 64x32 w8 s3 16.66.
-    return BackwardConfig(TileConfig(32, 64, 8, 3), TileConfig(64, 32, 4, 3))
+    # A wider search (tune_attention.py --set hd256-2, results/tune-hd256-2-h200-2026-11-30-0aab1d6.json):
+    # dK/dV 32x64 w8 s3 stays (s4 level; 16x64 +37%; 16- and 128-key tiles spill at sm_90); dQ
+    # 128x32 w8 s3 12.03 ms against 12.44 (causal 6.91 / 7.03, N1024 B16 1.71 / 1.78). With dropout
+    # it spills 80 bytes at sm_90 (64x32 w4: 64), so dropout keeps 64x32. The dK/dV pass masks
+    # every tile when causal or windowed: with the edge branch ptxas serialised its wgmma.
+    return BackwardConfig(TileConfig(32, 64, 8, 3), TileConfig(64, 32, 4, 3) if dropout else TileConfig(128, 32, 8, 3),
+                          dkdv_mask_every_tile=True)
 
 
 # Keys per forward launch for long fixed-length sequences (None: all keys in one launch). One
