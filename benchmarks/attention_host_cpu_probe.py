@@ -5,8 +5,9 @@ flash_attn_func with every launch replaced by triton's compile-only path (warmup
 arguments are bound and specialised, the compiled kernel is looked up, nothing launches). What it
 times is genoflash's Python plus triton's JITFunction.run, without the launcher, the TMA
 descriptor encoding and the CUDA calls that a GPU host adds (attention_host_probe.py measures the
-whole on the GPU). Prints per-call times, the share spent in JITFunction.run, and cProfile tables
-of attention_forward and attention_backward called directly.
+whole on the GPU). Prints per-call times, the share spent in JITFunction.run, without and with
+launch.py's fast path (its calls stubbed), and cProfile tables of attention_forward and
+attention_backward called directly.
 
     python benchmarks/attention_host_cpu_probe.py [--batch 4 --nheads 16 --seqlen 512 --headdim 128]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import sys
 import time
@@ -77,9 +79,20 @@ def main() -> None:
         }
         for fn in calls.values():  # compile outside the timing
             fn()
-        for name, fn in calls.items():
-            total, in_run = per_call_us(fn, args.iters, run_time)
-            print(f"{name:26s} {total:7.1f} us per call, of which JITFunction.run {in_run:6.1f} us")
+        # Without and with launch.py's fast path (a cached compiled kernel called directly). Its
+        # launches would run the kernel: here they are stubbed out, so that the second block
+        # times genoflash's host work with the fast path, minus the launcher's own.
+        from triton.compiler.compiler import CompiledKernel
+        CompiledKernel.__getitem__ = lambda self, grid: (lambda *a, **kw: None)
+        for fast in ("0", "1"):
+            os.environ["GENOFLASH_FAST_LAUNCH"] = fast
+            for fn in calls.values():
+                fn()  # with the fast path: fills its cache
+            print(f"-- fast launch {'on' if fast == '1' else 'off'}")
+            for name, fn in calls.items():
+                total, in_run = per_call_us(fn, args.iters, run_time)
+                print(f"{name:26s} {total:7.1f} us per call, of which JITFunction.run {in_run:6.1f} us")
+        os.environ["GENOFLASH_FAST_LAUNCH"] = "0"  # the profiles below: triton's usual path
         for name in ("attention_forward", "attention_backward"):
             prof = cProfile.Profile()
             prof.enable()

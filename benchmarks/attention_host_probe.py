@@ -8,7 +8,8 @@ measured). This probe tells host-bound from device-bound:
   2. the same enqueue time for parts of the call: attention_forward / attention_backward called
      directly (no autograd), and torch.autograd.grad alone on a retained graph;
   3. cProfile of genoflash's fwd+bwd calls: the Python functions with the most own time;
-  4. without the profiler, the host time of one fwd+bwd split by layer, with timers around
+  4. genoflash's fwd and fwd+bwd with launch.py's fast path off and on, alternating;
+  5. without the profiler, the host time of one fwd+bwd split by layer, with timers around
      triton's layers: JITFunction.run (argument binding, specialisation, cache lookup), inside it
      the launcher's Python wrapper (argument list, TMA descriptors encoded per launch), inside
      that the descriptor encoding itself; the rest is genoflash's Python and autograd.
@@ -21,6 +22,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import time
 
@@ -126,6 +128,17 @@ def main() -> None:
         report["calls"][name] = per_call(fn, args.iters)
         print(f"{name:20s} enqueue {report['calls'][name]['enqueue_ms']:.3f} ms/call, "
               f"wall {report['calls'][name]['wall_ms']:.3f} ms/call", flush=True)
+    # launch.py's fast path (cached compiled kernels called directly) off and on, alternating
+    # twice in this process, so that the host's drift shows beside the difference.
+    for round_ in (1, 2):
+        for fast in ("0", "1"):
+            os.environ["GENOFLASH_FAST_LAUNCH"] = fast
+            for name, fn in (("genoflash fwd", gf_fwd), ("genoflash fwd+bwd", gf_fwd_bwd)):
+                label = f"{name}, fast launch {'on' if fast == '1' else 'off'} ({round_})"
+                report["calls"][label] = per_call(fn, args.iters)
+                print(f"{label:36s} enqueue {report['calls'][label]['enqueue_ms']:.3f} ms/call, "
+                      f"wall {report['calls'][label]['wall_ms']:.3f} ms/call", flush=True)
+    os.environ.pop("GENOFLASH_FAST_LAUNCH")
     from genoflash.ops.attention.args import AttentionArgs
     from genoflash.ops.attention.backward import attention_backward
     from genoflash.ops.attention.forward import attention_forward

@@ -26,6 +26,8 @@ import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ["GENOFLASH_OFFLINE_COMPILE"] = "1"
+# Launches here only compile: a cached compiled kernel (launch.py's fast path) cannot be called.
+os.environ["GENOFLASH_FAST_LAUNCH"] = "0"
 
 import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

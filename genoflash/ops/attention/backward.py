@@ -26,7 +26,7 @@ from .block_info import _kv_block_range, _q_block_range
 from .configs import backward_config, dkdv_group_split, value_blocks
 from .launch import launch
 from .args import AttentionArgs
-from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
+from .forward import alibi_pointer, cdiv, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .dropout import DROPOUT_RUNTIME_ARGS
 from .mask import _dropout_keep, _mask_tile_scores
 from .rotary import (_atomic_add_qk_grad, _load_pt_tma, _load_qk, _load_qk_grad_groups, _load_qk_tma, _qk_dot,
@@ -549,7 +549,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     stride_lse_b, stride_lse_h = (0, lse.stride(0)) if a.varlen else (lse.stride(0), lse.stride(1))
 
     delta = torch.empty_like(lse)
-    num_m_pre = triton.cdiv(seqlen_q, cfg.preprocess_block)
+    num_m_pre = cdiv(seqlen_q, cfg.preprocess_block)
     _attn_bwd_preprocess_kernel[(num_m_pre * batch * nheads,)](
         out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
         stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
@@ -598,14 +598,14 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     dq_tma = fused and tma and not triton_interpreted()
     dq_descs_fused = [tile_descriptor(dq_accum, dkdv_cfg.block_m, blocks["BLOCK_P"]) if dq_tma else None,
                       tile_descriptor(dq_accum, dkdv_cfg.block_m, block_t) if dq_tma and block_t else None]
-    num_n_blocks = triton.cdiv(seqlen_k, dkdv_cfg.block_n)
+    num_n_blocks = cdiv(seqlen_k, dkdv_cfg.block_n)
     programs = num_n_blocks * batch * nheads_k
     # GQA with too few dK/dV programs for the SMs: the group's query heads split over `splits`
     # programs per key tile, each writing float32 partial dK/dV to its own slice (summed below).
     # dK/dV work: 4 matmuls per visible pair at most (masks only lower it), 2 FLOPs per multiply-add.
     flops = 2.0 * batch * nheads * seqlen_q * seqlen_k * (2 * head_dim + 2 * head_dim_v)
     heads_per_split = dkdv_group_split(kv_group, programs, flops, q.device)
-    splits = triton.cdiv(kv_group, heads_per_split)
+    splits = cdiv(kv_group, heads_per_split)
     # (splits, *dk.shape): the float32 slices, or dk itself as the one slice (GROUP_SPLIT off).
     dk_out, dv_out = dk[None], dv[None]
     if splits > 1:
@@ -629,7 +629,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
 
     if fused:
         block = cfg.preprocess_block
-        num_m_conv = triton.cdiv(seqlen_q, block)
+        num_m_conv = cdiv(seqlen_q, block)
         _attn_bwd_dq_convert_kernel[(num_m_conv * batch * nheads,)](
             dq_accum, dq, a.cu_seqlens_q, a.cu_seqlens_k, a.rotary_cos, a.rotary_sin,
             *seq_strides(dq_accum, a.varlen), *seq_strides(dq, a.varlen), a.rotary_stride,
@@ -639,7 +639,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         )
         return dq, dk, dv
 
-    num_m_blocks = triton.cdiv(seqlen_q, cfg.dq.block_m)
+    num_m_blocks = cdiv(seqlen_q, cfg.dq.block_m)
     launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,
         q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin, *dq_descs,
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),

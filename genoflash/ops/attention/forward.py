@@ -283,6 +283,11 @@ def qk_blocks(head_dim: int, rotary_dim: int) -> dict:
     return dict(BLOCK_R=head_block(rotary_dim // 2) if rotary_dim else 16, BLOCK_P=block_p, BLOCK_T=block_t)
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division on the host (triton.cdiv is a jit function: several us per host call)."""
+    return -(-a // b)
+
+
 def seq_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     """(batch, seq, head) strides of (batch, seq, head, dim), or of packed (total, head, dim)
     where the batch stride is 0 and sequences are found through cu_seqlens."""
@@ -344,7 +349,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, q.shape[0], a.varlen, q.device)
     cfg = forward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes,
                          a.dropout is not None)
-    num_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
+    num_m_blocks = cdiv(seqlen_q, cfg.block_m)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
     blocks = qk_blocks(head_dim, a.rotary_dim)

@@ -1,4 +1,5 @@
-"""Kernel launches that degrade in speed, never fail, when a variant does not build.
+"""Kernel launches that degrade in speed, never fail, when a variant does not build, and
+that skip triton's per-launch argument binding once a specialisation has been seen.
 
 configs.py holds the measured best tiling per shape and feature set. Some feature
 combinations (RoPE tables, the dropout mask's word shuffle, wide heads) take extra shared
@@ -11,12 +12,30 @@ some kernel and tile combinations, e.g. the dK/dV pass with Q by TMA at 32x64 ti
 causal. Such a launch is retried with pointer loads (TMA=False, and DQ_TMA=False: the same
 tiles and results; the descriptors are then ignored). Both fallbacks are remembered per kernel specialisation,
 so the failed compile is paid once per process.
+
+The attention kernels take ~56 runtime arguments and ~25 constexprs. Triton's JITFunction.run
+binds and specialises all of them on every launch, ~75 us per launch on the H200's host (with
+its launcher, ~120 of the ~400 us a launch costs there; benchmarks/attention_host_probe.py,
+NOTES.md sixteenth session): at short sequences the host, not the GPU, sets the pace. So once a
+launch has compiled, the compiled kernel is kept under a key made of everything its
+specialisation depends on (`specialisation_key`), and a later launch with the same key calls it
+directly (`CompiledKernel[grid](*args)`: the launch triton itself makes after binding, launch
+hooks included, so profilers still see it). A key that differs in anything triton specialises
+on is a different entry, never a wrong hit. GENOFLASH_FAST_LAUNCH=0 turns this off; it is off
+under the Triton interpreter.
 """
 
 from __future__ import annotations
 
-from triton.runtime.errors import OutOfResources, PTXASError
+import os
 
+import torch
+from triton import knobs
+from triton.runtime import driver
+from triton.runtime.errors import OutOfResources, PTXASError
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ...backends import triton_interpreted
 from .configs import TileConfig
 
 _fitted: dict[tuple, tuple[int, bool]] = {}  # key -> (num_stages, TMA) that built
@@ -25,20 +44,104 @@ tma_fallbacks: list[str] = []  # kernels whose TMA variant failed to build (for 
 # backward's dQ reductions by TMA). A ptxas failure turns them all off.
 _TMA_FLAGS = ("TMA", "DQ_TMA")
 
+# (kernel, device, launch key, specialisation key) -> (compiled kernel, constexpr values in
+# parameter order). Bounded: keys hold argument values (shapes, strides), so a workload whose
+# shapes never repeat (varlen batches' max lengths) would otherwise grow it without end.
+_compiled: dict[tuple, tuple] = {}
+_COMPILED_MAX = 512
+fast_launches = 0  # launches that took the cached kernel (tests read this)
+_INT32 = (-(2**31), 2**31)
+
+
+def _fast_launch_enabled() -> bool:
+    return os.environ.get("GENOFLASH_FAST_LAUNCH", "1") != "0" and not triton_interpreted()
+
+
+_unspecialised: dict = {}  # kernel -> positions of its do_not_specialize parameters
+
+
+def _unspecialised_positions(kernel) -> tuple[int, ...]:
+    """Positions of the parameters declared do_not_specialize (the dropout seed and offset,
+    which change every call): triton keys those on their integer width only."""
+    positions = _unspecialised.get(kernel)
+    if positions is None:
+        positions = _unspecialised[kernel] = tuple(i for i, p in enumerate(kernel.params) if p.do_not_specialize)
+    return positions
+
+
+def _other_key(a):
+    """specialisation_key's entry for an argument that is not a plain tensor, descriptor, int,
+    float or None: tensor subclasses (nn.Parameter) as tensors, bools with their type; anything
+    else is not keyed (_UNKEYED)."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() & 15 == 0)
+    if type(a) is bool:  # apart from ints: True == 1, but triton types a bool u1 and makes a 1 a constexpr
+        return ("u1", a)
+    return _UNKEYED
+
+
+_UNKEYED = object()
+_SCALARS = (int, float, type(None))
+
+
+def specialisation_key(kernel, args: tuple) -> tuple | None:
+    """What triton's binder specialises a launch on, or finer (a finer key only misses more);
+    None where an argument is of a kind this does not know (then triton binds as usual).
+
+    Tensors: dtype and 16-byte alignment of the data pointer. TMA descriptors: the dtype and box
+    shape (the strides and shape are runtime values). Ints, floats, bools and None by value,
+    which covers triton's int specialisations (== 1, divisible by 16, 32 or 64 bits), except the
+    do_not_specialize ints, keyed on their width alone. No tensor is held by the key."""
+    key = [(a.dtype, a.data_ptr() & 15 == 0) if type(a) is torch.Tensor
+           else (a.base.dtype, tuple(a.block_shape)) if type(a) is TensorDescriptor
+           else a if type(a) in _SCALARS else _other_key(a) for a in args]
+    if _UNKEYED in key:
+        return None
+    for i in _unspecialised_positions(kernel):
+        if i < len(args):
+            a = args[i]
+            key[i] = type(a) is int and _INT32[0] <= a < _INT32[1]
+    return tuple(key)
+
+
+def _remember(kernel, compiled, fast_key: tuple, nargs: int, constexprs: dict) -> None:
+    if compiled is None or not hasattr(compiled, "__getitem__"):
+        return
+    try:  # every parameter after the runtime ones must be a given constexpr (no defaults)
+        tail = tuple(constexprs[name] for name in kernel.arg_names[nargs:])
+    except (AttributeError, KeyError):
+        return
+    if len(_compiled) >= _COMPILED_MAX:
+        _compiled.clear()
+    _compiled[fast_key] = (compiled, tail)
+
 
 def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
+    global fast_launches
     # Every keyword here is a constexpr switch (bools, ints, strings), so the items hash as they
     # are. A call site passes them in one order, so they need no sorting: a key built in another
-    # order would only be a cache miss, never a wrong hit. (This runs on every launch, and the
-    # host time of short sequences is mostly launch overhead: benchmarks/attention_host_probe.py.)
+    # order would only be a cache miss, never a wrong hit.
     key = (kernel.fn.__name__, cfg, tuple(constexprs.items()))
+    fast_key = None
+    spec = specialisation_key(kernel, args) if _fast_launch_enabled() else None
+    if spec is not None:
+        # triton also compiles per debug and instrumentation setting (knobs a user may switch at run time).
+        fast_key = (kernel, driver.active.get_current_device(), knobs.runtime.debug,
+                    knobs.compilation.instrumentation_mode, key, spec)
+        hit = _compiled.get(fast_key)
+        if hit is not None:
+            compiled, tail = hit
+            # CompiledKernel.__getitem__ indexes all three grid axes.
+            compiled[(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)](*args, *tail)
+            fast_launches += 1
+            return
     asked = {flag: constexprs[flag] for flag in _TMA_FLAGS if flag in constexprs}
     stages, tma = _fitted.get(key, (cfg.num_stages, any(asked.values())))
     while True:
         for flag, value in asked.items():  # after a fallback, every TMA path is off
             constexprs[flag] = value and tma
         try:
-            kernel[grid](*args, num_warps=cfg.num_warps, num_stages=stages, **constexprs)
+            compiled = kernel[grid](*args, num_warps=cfg.num_warps, num_stages=stages, **constexprs)
         except OutOfResources:  # raised before the kernel runs: nothing was written
             if stages <= 1:
                 raise
@@ -51,4 +154,6 @@ def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
             tma_fallbacks.append(kernel.fn.__name__)
             continue
         _fitted[key] = (stages, tma)
+        if fast_key is not None:  # the kernel that ran: its stages and TMA flags are in `constexprs`
+            _remember(kernel, compiled, fast_key, len(args), constexprs)
         return

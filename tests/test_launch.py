@@ -1,0 +1,166 @@
+"""launch.py's fast path: a launch whose specialisation was seen before calls the cached compiled
+kernel directly, skipping triton's argument binding. Its key must change with everything triton
+specialises on (else a kernel compiled for other arguments would run), and the direct call must
+pass what triton's own launch would. On the CPU with fakes (the interpreter has no compiled
+kernels); on a GPU, against the usual path, bit for bit."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+import genoflash
+from genoflash.ops.attention import launch as launcher
+from genoflash.ops.attention.configs import TileConfig
+
+from .conftest import HAS_CUDA
+
+
+def _kernel(names, unspecialised=()):
+    """A stand-in for a JITFunction: parameter names, do_not_specialize flags, and a compile
+    that records its calls and returns a stand-in compiled kernel."""
+    class FakeCompiled:
+        def __init__(self, options):
+            self.options, self.launches = options, []
+
+        def __getitem__(self, grid):
+            return lambda *args: self.launches.append((grid, args))
+
+    class FakeKernel:
+        fn = types.SimpleNamespace(__name__="_fake_kernel")
+        arg_names = names
+        params = [types.SimpleNamespace(do_not_specialize=name in unspecialised) for name in names]
+
+        def __init__(self):
+            self.compiles = []
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constexprs):
+                self.compiles.append((grid, args, num_stages, dict(constexprs)))
+                if constexprs.get("TMA") and self.tma_breaks:
+                    from triton.runtime.errors import PTXASError
+                    raise PTXASError("ptxas died")
+                return FakeCompiled((num_warps, num_stages, dict(constexprs)))
+            return run
+
+        tma_breaks = False
+
+    return FakeKernel()
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """The fast path switched on as on a GPU, with a stand-in current device."""
+    monkeypatch.setattr(launcher, "_fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(launcher, "driver", types.SimpleNamespace(
+        active=types.SimpleNamespace(get_current_device=lambda: 0)))
+    launcher._compiled.clear()
+
+
+def test_specialisation_key_follows_what_triton_specialises_on():
+    kernel = _kernel(["X", "n", "seed", "scale", "flag", "D"], unspecialised=("seed",))
+    x = torch.randn(64)
+    key = lambda *args: launcher.specialisation_key(kernel, args)  # noqa: E731
+    base = key(x, 16, 5, 0.5, None, None)
+    assert key(torch.randn(64), 16, 7, 0.5, None, None) == base  # other data, other seed: same kernel
+    assert key(x[1:], 16, 5, 0.5, None, None) != base  # a data pointer off 16-byte alignment
+    assert key(x.half(), 16, 5, 0.5, None, None) != base  # another dtype
+    assert key(x, 17, 5, 0.5, None, None) != base  # divisibility by 16
+    assert key(x, 1, 5, 0.5, None, None) != key(x, True, 5, 0.5, None, None)  # 1 is a constexpr, True a u1
+    assert key(x, 16, 2**40, 0.5, None, None) != base  # an unspecialised int past 32 bits
+    assert key(torch.nn.Parameter(x), 16, 5, 0.5, None, None) == base  # a tensor subclass as a tensor
+    assert key(x, 16, 5, 0.5, object(), None) is None  # an unknown kind: triton binds as usual
+    t = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+    desc = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 16, 1, 64])
+    other = torch.randn(3, 48, 4, 64, dtype=torch.float16)
+    same_box = TensorDescriptor(other, list(other.shape), list(other.stride()), [1, 16, 1, 64])
+    wider = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 32, 1, 64])
+    assert key(x, 16, 5, 0.5, None, desc) == key(x, 16, 5, 0.5, None, same_box)  # shape, strides: runtime
+    assert key(x, 16, 5, 0.5, None, desc) != key(x, 16, 5, 0.5, None, wider)
+    # The key holds no tensor (the cache must not keep activations alive).
+    assert not any(isinstance(part, torch.Tensor) for part in key(x, 16, 5, 0.5, None, desc))
+
+
+def test_launch_calls_the_cached_kernel_with_triton_s_arguments(fast):
+    kernel = _kernel(["X", "n", "BLOCK", "TMA"])
+    cfg = TileConfig(64, 32, 4, 3)
+    x = torch.randn(64)
+    launcher.launch(kernel, (7,), cfg, x, 16, BLOCK=64, TMA=False)
+    assert len(kernel.compiles) == 1
+    before = launcher.fast_launches
+    launcher.launch(kernel, (7,), cfg, x, 16, BLOCK=64, TMA=False)
+    launcher.launch(kernel, (9, 2), cfg, torch.randn(64), 16, BLOCK=64, TMA=False)
+    assert len(kernel.compiles) == 1 and launcher.fast_launches == before + 2
+    compiled = next(iter(launcher._compiled.values()))[0]
+    # All three grid axes; the runtime arguments, then the constexprs in parameter order.
+    assert [(grid, args[1:]) for grid, args in compiled.launches] == [((7, 1, 1), (16, 64, False)),
+                                                                       ((9, 2, 1), (16, 64, False))]
+    # Anything triton would specialise differently compiles (here: goes through kernel[grid]) again.
+    launcher.launch(kernel, (7,), cfg, x[1:], 16, BLOCK=64, TMA=False)
+    launcher.launch(kernel, (7,), cfg, x, 32, BLOCK=64, TMA=False)
+    launcher.launch(kernel, (7,), cfg, x, 16, BLOCK=128, TMA=False)
+    launcher.launch(kernel, (7,), TileConfig(64, 32, 8, 3), x, 16, BLOCK=64, TMA=False)
+    assert len(kernel.compiles) == 5
+
+
+def test_fast_path_keeps_the_variant_that_built(fast):
+    """After a TMA variant failed to build, the cached kernel is the pointer-load one and the
+    direct call passes TMA=False, as the usual path would."""
+    kernel = _kernel(["X", "TMA"])
+    kernel.tma_breaks = True
+    cfg = TileConfig(64, 32, 4, 3)
+    x = torch.randn(64)
+    launcher.launch(kernel, (1,), cfg, x, TMA=True)
+    assert [c[3]["TMA"] for c in kernel.compiles] == [True, False]
+    launcher.launch(kernel, (1,), cfg, x, TMA=True)
+    assert len(kernel.compiles) == 2
+    compiled = next(iter(launcher._compiled.values()))[0]
+    assert compiled.options[2]["TMA"] is False and compiled.launches[-1][1][1] is False
+
+
+def test_fast_path_is_off_under_the_interpreter_and_when_asked(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not launcher._fast_launch_enabled()
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "0")
+    assert not launcher._fast_launch_enabled()
+    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "1")
+    assert launcher._fast_launch_enabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("features", [dict(), dict(causal=True), dict(window_size=(40, 7), softcap=5.0),
+                                      dict(dropout_p=0.1, dropout_seed=3)], ids=["full", "causal", "window",
+                                                                                   "dropout"])
+def test_fast_path_equals_the_usual_launch_on_gpu(features, monkeypatch):
+    """Fwd+bwd with the fast path (second and later calls) against the same calls through
+    triton's binder, bit for bit; then inputs that specialise differently (a q whose data
+    pointer is off 16-byte alignment, other lengths) after the cache is warm."""
+    torch.manual_seed(0)
+
+    def inputs(n, misaligned=False):
+        q = torch.randn(2, n, 4, 64, device="cuda", dtype=torch.bfloat16)
+        if misaligned:
+            q = torch.randn(q.numel() + 1, device="cuda", dtype=torch.bfloat16)[1:].view(q.shape)
+        k, v = (torch.randn(2, n, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        dout = torch.randn(2, n, 4, 64, device="cuda", dtype=torch.bfloat16)
+        return [t.requires_grad_() for t in (q, k, v)], dout
+
+    def run(qkv, dout):
+        out = genoflash.flash_attn_func(*qkv, **features)
+        return (out, *torch.autograd.grad(out, qkv, dout))
+
+    cases = [inputs(256), inputs(256), inputs(257), inputs(256, misaligned=True), inputs(256)]
+    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "0")
+    usual = [run(*case) for case in cases]
+    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "1")
+    before = launcher.fast_launches
+    fast = [run(*case) for case in cases]
+    assert launcher.fast_launches > before
+    for i, (a, b) in enumerate(zip(usual, fast)):
+        for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
+            assert torch.equal(x, y), f"case {i}: {name}"
