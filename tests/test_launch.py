@@ -121,6 +121,22 @@ def test_fast_path_keeps_the_variant_that_built(fast):
     assert compiled.options[2]["TMA"] is False and compiled.launches[-1][1][1] is False
 
 
+def test_kernels_without_triton_s_parameters_take_the_usual_path(fast):
+    """Stand-ins without .params (the fallback tests' fake kernels) must launch as before: on
+    the H200 they reached the fast path's key and raised AttributeError (da5e9e9)."""
+    calls = []
+
+    class Bare:
+        fn = types.SimpleNamespace(__name__="_bare_kernel")
+
+        def __getitem__(self, grid):
+            return lambda *args, num_warps, num_stages, **constexprs: calls.append(args)
+
+    for _ in range(2):
+        launcher.launch(Bare(), (1,), TileConfig(64, 32, 4, 3), torch.randn(4), 3, TMA=False)
+    assert len(calls) == 2 and not launcher._compiled
+
+
 def test_fast_path_is_off_under_the_interpreter_and_when_asked(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not launcher._fast_launch_enabled()

@@ -60,12 +60,16 @@ def _fast_launch_enabled() -> bool:
 _unspecialised: dict = {}  # kernel -> positions of its do_not_specialize parameters
 
 
-def _unspecialised_positions(kernel) -> tuple[int, ...]:
+def _unspecialised_positions(kernel) -> tuple[int, ...] | None:
     """Positions of the parameters declared do_not_specialize (the dropout seed and offset,
-    which change every call): triton keys those on their integer width only."""
+    which change every call): triton keys those on their integer width only. None for an
+    object that is not a JITFunction (tests' stand-ins): it takes the usual path."""
     positions = _unspecialised.get(kernel)
     if positions is None:
-        positions = _unspecialised[kernel] = tuple(i for i, p in enumerate(kernel.params) if p.do_not_specialize)
+        params = getattr(kernel, "params", None)
+        if params is None:
+            return None
+        positions = _unspecialised[kernel] = tuple(i for i, p in enumerate(params) if p.do_not_specialize)
     return positions
 
 
@@ -92,12 +96,15 @@ def specialisation_key(kernel, args: tuple) -> tuple | None:
     shape (the strides and shape are runtime values). Ints, floats, bools and None by value,
     which covers triton's int specialisations (== 1, divisible by 16, 32 or 64 bits), except the
     do_not_specialize ints, keyed on their width alone. No tensor is held by the key."""
+    unspecialised = _unspecialised_positions(kernel)
+    if unspecialised is None:
+        return None
     key = [(a.dtype, a.data_ptr() & 15 == 0) if type(a) is torch.Tensor
            else (a.base.dtype, tuple(a.block_shape)) if type(a) is TensorDescriptor
            else a if type(a) in _SCALARS else _other_key(a) for a in args]
     if _UNKEYED in key:
         return None
-    for i in _unspecialised_positions(kernel):
+    for i in unspecialised:
         if i < len(args):
             a = args[i]
             key[i] = type(a) is int and _INT32[0] <= a < _INT32[1]
