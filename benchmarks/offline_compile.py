@@ -227,11 +227,12 @@ def main(argv):
         cos, sin = rotary_tables(n, rotary_dim, dtype=torch.float32)
         kw = dict(rotary_cos=cos, rotary_sin=sin, dropout_p=0.1)
     if case == "mamba":  # the selective scan's kernels at Mamba's usual sizes (d_inner 512, dstate 16)
-        from genoflash.ops.mamba import scan, scan_channels_first
+        from genoflash.ops.mamba import scan as row_major_scan, scan_channels_first
         # As the Mamba layer calls them: 16-bit u, delta, z, B, C, with D, delta_bias and the softplus.
         # 1,024 steps: with channels-first inputs a length that is a multiple of 8 is what lets
         # Triton vectorise the loads along time (and keep 8 steps in each thread).
         u, delta, z = (torch.randn(1, 1024, 512, dtype=torch.bfloat16) for _ in range(3))
+        scan = row_major_scan
         if args.channels_first:  # the state-loop kernels, on (batch, dim, seqlen) memory
             scan = scan_channels_first
             u, delta, z = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (u, delta, z))

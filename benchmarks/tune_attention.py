@@ -204,7 +204,8 @@ def main() -> None:
             for cfg in dq_candidates:
                 bench(shape, "dq", cfg, backward, bwd_cfg=dataclasses.replace(default_bwd, dkdv=best_dkdv, dq=cfg),
                       reference=reference)
-            del q, k, v, dout, out, lse
+            # Dropped before the next shape's tensors exist (the lambdas above are done with them).
+            q = k = v = dout = out = lse = reference = None
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:

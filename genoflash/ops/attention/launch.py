@@ -44,8 +44,8 @@ tma_fallbacks: list[str] = []  # kernels whose TMA variant failed to build (for 
 # backward's dQ reductions by TMA). A ptxas failure turns them all off.
 _TMA_FLAGS = ("TMA", "DQ_TMA")
 
-# (kernel, device, launch key, specialisation key) -> (compiled kernel, constexpr values in
-# parameter order). Bounded: keys hold argument values (shapes, strides), so a workload whose
+# (kernel, device, triton's debug and instrumentation knobs, launch key, specialisation key) ->
+# (compiled kernel, constexpr values in parameter order). Bounded: keys hold argument values (shapes, strides), so a workload whose
 # shapes never repeat (varlen batches' max lengths) would otherwise grow it without end.
 _compiled: dict[tuple, tuple] = {}
 _COMPILED_MAX = 512
