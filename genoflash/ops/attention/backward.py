@@ -271,42 +271,23 @@ def _attn_bwd_dkdv_kernel(
             # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
             # full attention's loop took 536 instructions against 520), and this is the form the
             # tile table was measured with. EDGES_ONLY is off: the middle bounds go unused.
-            dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
+            # Unrolled at compile time: part 0 is [lo, mid_lo), masked; part 1 the whole tiles
+            # [mid_lo, mid_hi), unmasked; part 2 [mid_hi, hi), masked.
+            for part in tl.static_range(3):
+                part_lo = lo if part == 0 else (mid_lo if part == 1 else mid_hi)
+                part_hi = mid_lo if part == 0 else (mid_hi if part == 1 else hi)
+                dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
                                       dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
                                       delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
                                       stride_dqam,
-                                      off_b, off_h, start_n, lo, mid_lo, mid_hi, mid_lo, seqlen_q, seqlen_k,
+                                      off_b, off_h, start_n, part_lo, mid_lo, mid_hi, part_hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
                                       dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
                                       BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
                                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                                       ROTARY_INTERLEAVED,
-                                      HAS_DROPOUT, True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
-                                      dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
-                                      stride_dqam,
-                                      off_b, off_h, start_n, mid_lo, mid_lo, mid_hi, mid_hi, seqlen_q, seqlen_k,
-                                      window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
-                                      dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
-                                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                                      ROTARY_INTERLEAVED,
-                                      HAS_DROPOUT, False, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
-            dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
-                                      dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
-                                      stride_dqam,
-                                      off_b, off_h, start_n, mid_hi, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
-                                      window_left, window_right,
-                                      qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
-                                      dropout_seed, dropout_offset, dropout_threshold, dropout_rescale, HEAD_DIM,
-                                      BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
-                                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
-                                      ROTARY_INTERLEAVED,
-                                      HAS_DROPOUT, True, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+                                      HAS_DROPOUT, part != 1, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
 
     if GROUP_SPLIT:  # this program's slice of the float32 partial sums
         DK += tl.program_id(1).to(tl.int64) * stride_dk_split
