@@ -45,8 +45,9 @@ tma_fallbacks: list[str] = []  # kernels whose TMA variant failed to build (for 
 _TMA_FLAGS = ("TMA", "DQ_TMA")
 
 # (kernel, device, triton's debug and instrumentation knobs, launch key, specialisation key) ->
-# (compiled kernel, constexpr values in parameter order). Bounded: keys hold argument values (shapes, strides), so a workload whose
-# shapes never repeat (varlen batches' max lengths) would otherwise grow it without end.
+# (compiled kernel, constexpr values in parameter order). Bounded: keys hold argument values
+# (shapes, strides), so a workload whose shapes never repeat (varlen batches' max lengths) would
+# otherwise grow it without end.
 _compiled: dict[tuple, tuple] = {}
 _COMPILED_MAX = 512
 fast_launches = 0  # launches that took the cached kernel (tests read this)
