@@ -23,10 +23,10 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from .block_info import _kv_block_range, _q_block_range
-from .configs import backward_config, dkdv_group_split, value_blocks
+from .configs import backward_config, cdiv, dkdv_group_split, value_blocks
 from .launch import launch
 from .args import AttentionArgs
-from .forward import alibi_pointer, cdiv, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
+from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
 from .dropout import DROPOUT_RUNTIME_ARGS
 from .mask import _dropout_keep, _mask_tile_scores
 from .rotary import (_atomic_add_qk_grad, _load_pt_tma, _load_qk, _load_qk_grad_groups, _load_qk_tma, _qk_dot,

@@ -21,7 +21,7 @@ import triton.language as tl
 from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from .configs import channel_blocks, forward_config, forward_key_chunk, value_blocks
+from .configs import cdiv, channel_blocks, forward_config, forward_key_chunk, value_blocks
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
@@ -281,11 +281,6 @@ def qk_blocks(head_dim: int, rotary_dim: int) -> dict:
     width = head_dim - rotary_dim
     block_p, block_t = channel_blocks(width, split_by_default=rotary_dim == 0) if width > 0 else (16, 0)
     return dict(BLOCK_R=head_block(rotary_dim // 2) if rotary_dim else 16, BLOCK_P=block_p, BLOCK_T=block_t)
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division on the host (triton.cdiv is a jit function: several us per host call)."""
-    return -(-a // b)
 
 
 def seq_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
