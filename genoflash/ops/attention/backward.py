@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from .block_info import _kv_block_range, _q_block_range
-from .configs import backward_config, cdiv, dkdv_group_split, value_blocks
+from .configs import TileConfig, backward_config, cdiv, dkdv_group_split, value_blocks
 from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
@@ -38,6 +38,12 @@ from .tile_scheduler import _tile_of_program
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _load_tile, _load_tile_tma,
                     _load_tile_tma_at, _row_ptr, _store_tile)
+
+
+# The two light passes (delta before the backward, the one-pass backward's dQ conversion) launch
+# with triton's defaults (4 warps, 3 stages; they have no loop to pipeline). Their row block comes
+# as the BLOCK_M constexpr, so the config's block sizes are unused.
+_LIGHT_PASS_TILES = TileConfig(block_m=0, block_n=0, num_warps=4, num_stages=3)
 
 
 @triton.jit
@@ -531,7 +537,8 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
 
     delta = torch.empty_like(lse)
     num_m_pre = cdiv(seqlen_q, cfg.preprocess_block)
-    _attn_bwd_preprocess_kernel[(num_m_pre * batch * nheads,)](
+    # Through launch(), as every pass: its fast path skips triton's binder on repeated calls.
+    launch(_attn_bwd_preprocess_kernel, (num_m_pre * batch * nheads,), _LIGHT_PASS_TILES,
         out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
         stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
         HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v), BLOCK_M=cfg.preprocess_block, IS_VARLEN=a.varlen,
@@ -611,7 +618,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     if fused:
         block = cfg.preprocess_block
         num_m_conv = cdiv(seqlen_q, block)
-        _attn_bwd_dq_convert_kernel[(num_m_conv * batch * nheads,)](
+        launch(_attn_bwd_dq_convert_kernel, (num_m_conv * batch * nheads,), _LIGHT_PASS_TILES,
             dq_accum, dq, a.cu_seqlens_q, a.cu_seqlens_k, a.rotary_cos, a.rotary_sin,
             *seq_strides(dq_accum, a.varlen), *seq_strides(dq, a.varlen), a.rotary_stride,
             nheads, seqlen_q, seqlen_k, num_m_conv, a.softmax_scale,
