@@ -17,7 +17,8 @@
    timed. If `rotate, tables once` already costs far more than 5% over `plain`, the issue's 5%
    bar is out of reach for any kernel that rotates K in the loop in Triton.
 2. Dropout's cost in a peer: SDPA's flash backend (flash-attn 2) with dropout_p = 0.1 against 0,
-   forward and fwd+bwd, beside genoflash's own, in one process.
+   forward and fwd+bwd, beside genoflash's own, in one process; and genoflash with
+   deterministic=False and its one-pass backward forced, at three one-pass tiles.
 
     python benchmarks/fused_cost_probe.py --out fused_cost.json
 """
@@ -25,6 +26,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -188,6 +190,7 @@ def dropout_rows(b, h, n, d):
     from torch.nn.attention import SDPBackend
 
     import genoflash
+    from genoflash.ops.attention.configs import TileConfig, backward_config, override_configs
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -195,17 +198,28 @@ def dropout_rows(b, h, n, d):
     flops = 4 * b * h * n * n * d
     rows = []
     impls = {
-        "sdpa-flash (flash-attn 2)": lambda p: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION, p),
-        "genoflash": lambda p: genoflash.flash_attn_func(q, k, v, dropout_p=p),
+        "sdpa-flash (flash-attn 2)": (lambda p: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION, p), None),
+        "genoflash": (lambda p: genoflash.flash_attn_func(q, k, v, dropout_p=p), None),
     }
-    for name, fn in impls.items():
+    # deterministic=False with the one-pass backward forced, at its table tile and at the tiles
+    # that compile without spills with dropout at sm_90 (offline_compile.py dropout 128 --fused):
+    # one pass regenerates each tile's dropout mask once in the backward where two passes do twice.
+    for tile in ((32, 128, 8, 3), (32, 128, 8, 2), (32, 64, 8, 3)):
+        impls[f"genoflash one-pass {tile[0]}x{tile[1]} w{tile[2]} s{tile[3]}"] = (
+            lambda p: genoflash.flash_attn_func(q, k, v, dropout_p=p, deterministic=False), TileConfig(*tile))
+    for name, (fn, fused_tile) in impls.items():
         for p in (0.0, 0.1):
             row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="dropout", impl=name, dropout_p=p)
+            overrides = {}
+            if fused_tile is not None:
+                cfg = backward_config(d, d, False, q.dtype, q.device, 0, p > 0)
+                overrides = dict(backward=dataclasses.replace(cfg, fused_dkdv=fused_tile), one_pass=True)
             try:
-                with torch.no_grad():
+                with override_configs(**overrides), torch.no_grad():
                     fwd = triton.testing.do_bench(lambda: fn(p), warmup=25, rep=200, return_mode="median")
-                both = triton.testing.do_bench(lambda: torch.autograd.grad(fn(p), (q, k, v), dout), warmup=25,
-                                               rep=200, return_mode="median")
+                with override_configs(**overrides):
+                    both = triton.testing.do_bench(lambda: torch.autograd.grad(fn(p), (q, k, v), dout), warmup=25,
+                                                   rep=200, return_mode="median")
                 row.update(fwd_ms=fwd, fwd_tflops=flops / fwd * 1e-9, fwd_bwd_ms=both,
                            fwd_bwd_tflops=3.5 * flops / both * 1e-9)
             except Exception as e:  # noqa: BLE001
