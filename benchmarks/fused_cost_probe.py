@@ -18,7 +18,8 @@
    bar is out of reach for any kernel that rotates K in the loop in Triton.
 2. Dropout's cost in a peer: SDPA's flash backend (flash-attn 2) with dropout_p = 0.1 against 0,
    forward and fwd+bwd, beside genoflash's own, in one process; and genoflash with
-   deterministic=False and its one-pass backward forced, at three one-pass tiles.
+   deterministic=False and its one-pass backward forced, at three one-pass tiles; and the floor:
+   the minimal forward with genoflash's own keep mask (mask._dropout_keep) against without.
 
     python benchmarks/fused_cost_probe.py --out fused_cost.json
 """
@@ -35,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 import triton.testing
+
+from genoflash.ops.attention.mask import _dropout_keep
 
 SHAPES = [(1, 16, 16384, 128), (1, 8, 65536, 128)]  # (batch, nheads, seqlen, headdim), non-causal
 FORMS = ("plain", "halves", "rotate, tables once", "rotate, tables per tile", "rotate in bf16, tables per tile")
@@ -59,18 +62,18 @@ def _rotate(x1, x2, c, s, BF16_MATH: tl.constexpr):
 
 
 @triton.jit
-def _rope_floor_kernel(q_desc, qh_desc, k_desc, kh_desc, v_desc, o_desc, cq_desc, sq_desc, ck_desc, sk_desc,
-                       qk_scale_log2, nheads, seqlen,
-                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       SPLIT: tl.constexpr, ROTATE: tl.constexpr, TABLES_PER_TILE: tl.constexpr,
-                       BF16_MATH: tl.constexpr):
+def _minimal_fwd_kernel(q_desc, qh_desc, k_desc, kh_desc, v_desc, o_desc, cq_desc, sq_desc, ck_desc, sk_desc,
+                        qk_scale_log2, nheads, seqlen, dropout_seed, dropout_offset, dropout_threshold, dropout_rescale,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SPLIT: tl.constexpr, ROTATE: tl.constexpr, TABLES_PER_TILE: tl.constexpr,
+                        BF16_MATH: tl.constexpr, DROPOUT: tl.constexpr):
     HALF: tl.constexpr = HEAD_DIM // 2
     pid = tl.program_id(0)
     n_m = tl.cdiv(seqlen, BLOCK_M)
     m_blk = pid % n_m
     bh = pid // n_m
     off_b = bh // nheads
-    off_h = bh % nheads
+    off_h = bh % nheads  # bh = off_b * nheads + off_h: the dropout stream's (sequence, head), as in genoflash
     start_m = m_blk * BLOCK_M
     row_q = off_b * seqlen + start_m
     col = off_h * HEAD_DIM
@@ -102,18 +105,28 @@ def _rope_floor_kernel(q_desc, qh_desc, k_desc, kh_desc, v_desc, o_desc, cq_desc
         else:
             s = tl.dot(q, tl.trans(k_desc.load([row_k, col])))
         v = v_desc.load([row_k, col])
+        if DROPOUT:  # genoflash's own keep mask (mask._dropout_keep), drawn where its forward draws it
+            keep = _dropout_keep(dropout_seed, dropout_offset, bh, start_m + tl.arange(0, BLOCK_M), start_n,
+                                 dropout_threshold, BLOCK_M, BLOCK_N)
         # The same online softmax as genoflash's (exp2 with the scale folded in).
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
         p = tl.math.exp2(s * qk_scale_log2 - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:  # after the sum: l_i is the undropped softmax's, as in genoflash
+            p = tl.where(keep, p, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
+    if DROPOUT:
+        acc = acc * dropout_rescale
     o_desc.store([row_q, col], (acc / l_i[:, None]).to(o_desc.dtype))
 
 
-def rope_floor_forward(q, k, v, form, cos, sin, bm, bn, warps, stages):
+def minimal_forward(q, k, v, form, cos, sin, bm, bn, warps, stages, dropout=None):
+    """The minimal forward in one of FORMS; `dropout` (a DropoutArgs) adds genoflash's keep mask."""
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from genoflash.ops.attention.dropout import kernel_seed
 
     b, n, h, d = q.shape
     o = torch.full_like(q, float("nan"))  # every unwritten element shows up in the check
@@ -124,13 +137,16 @@ def rope_floor_forward(q, k, v, form, cos, sin, bm, bn, warps, stages):
     def table(t, rows):
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, d // 2])
 
-    _rope_floor_kernel[(triton.cdiv(n, bm) * b * h,)](
+    if cos is None:  # no RoPE: the table descriptors are not read, any (seqlen, d/2) tensor serves
+        cos = sin = torch.zeros(n, d // 2, device=q.device, dtype=q.dtype)
+    _minimal_fwd_kernel[(triton.cdiv(n, bm) * b * h,)](
         desc(q, bm, d), desc(q, bm, d // 2), desc(k, bn, d), desc(k, bn, d // 2), desc(v, bn, d), desc(o, bm, d),
         table(cos, bm), table(sin, bm), table(cos, bn), table(sin, bn),
-        d ** -0.5 * 1.4426950408889634, h, n,
+        d ** -0.5 * 1.4426950408889634, h, n, kernel_seed(dropout), dropout.offset if dropout else 0,
+        dropout.threshold if dropout else 0, dropout.rescale if dropout else 1.0,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, SPLIT=form != "plain", ROTATE=form.startswith("rotate"),
-        TABLES_PER_TILE=form != "rotate, tables once", BF16_MATH="bf16" in form, num_warps=warps,
-        num_stages=stages)
+        TABLES_PER_TILE=form != "rotate, tables once", BF16_MATH="bf16" in form, DROPOUT=dropout is not None,
+        num_warps=warps, num_stages=stages)
     return o
 
 
@@ -181,7 +197,7 @@ def rope_rows(b, h, n, d, meta):
         pos = torch.arange(n, device="cuda") % bn
         refs["rotate, tables once"] = sdpa(qr, apply_rotary(k, cos[pos], sin[pos]), v, SDPBackend.CUDNN_ATTENTION)
         for form in FORMS:
-            timed(form, lambda: rope_floor_forward(q, k, v, form, cos, sin, bm, bn, w, s), refs[form],
+            timed(form, lambda: minimal_forward(q, k, v, form, cos, sin, bm, bn, w, s), refs[form],
                   block_m=bm, block_n=bn, num_warps=w, num_stages=s)
     return rows
 
@@ -207,6 +223,30 @@ def dropout_rows(b, h, n, d):
     for tile in ((32, 128, 8, 3), (32, 128, 8, 2), (32, 64, 8, 3)):
         impls[f"genoflash one-pass {tile[0]}x{tile[1]} w{tile[2]} s{tile[3]}"] = (
             lambda p: genoflash.flash_attn_func(q, k, v, dropout_p=p, deterministic=False), TileConfig(*tile))
+    # The floor: the minimal forward with and without genoflash's keep mask (the same bits as
+    # genoflash's forward with this seed and offset, which the output check shows).
+    from genoflash.ops.attention.dropout import DropoutArgs
+
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    drop = DropoutArgs(0.1, seed=1234, offset=5)
+    with torch.no_grad():
+        ref = genoflash.flash_attn_func(qd, kd, vd, dropout_p=0.1, dropout_seed=drop.seed, dropout_offset=drop.offset)
+    for bm, bn, w, st in ((128, 128, 8, 3), (128, 128, 8, 2)):
+        for dropout in (None, drop):
+            row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="dropout floor", impl="minimal forward",
+                       dropout_p=dropout.p if dropout else 0.0, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+            try:
+                out = minimal_forward(qd, kd, vd, "plain", None, None, bm, bn, w, st, dropout)
+                if dropout:
+                    row["max_diff_vs_genoflash"] = (out.float() - ref.float()).abs().max().item()
+                fwd = triton.testing.do_bench(lambda: minimal_forward(qd, kd, vd, "plain", None, None, bm, bn, w, st,
+                                                                      dropout), warmup=25, rep=200,
+                                              return_mode="median")
+                row.update(fwd_ms=fwd, fwd_tflops=flops / fwd * 1e-9)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     for name, (fn, fused_tile) in impls.items():
         for p in (0.0, 0.1):
             row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="dropout", impl=name, dropout_p=p)
