@@ -1,4 +1,4 @@
-"""Multi-head attention as an nn.Module, with RoPE fused into the kernels and on by default."""
+"""Multi-head attention as an nn.Module, with RoPE on by default (fused into the kernels, or a pass of its own)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..ops.attention import flash_attn_func, flash_attn_varlen_func
+from ..ops.rotary import apply_rotary_emb
 from ..rotary import rotary_tables
 
 
@@ -46,20 +47,24 @@ class MultiHeadAttention(nn.Module):
             each head (default all), with `rotary_base`, `rotary_interpolation` (linear position
             interpolation) and `rotary_ntk_alpha` (NTK-aware base scaling) for length extrapolation.
             The tables are float16 when q is float16 or bfloat16 (`rotary_tables_for`), else float32.
+        rotary_fused: True rotates Q and K inside the attention kernels (no rotated copy is
+            written); False rotates q and k in a pass of their own (`genoflash.ops.rotary`) and
+            attends without RoPE, which costs one q- and one k-sized tensor and is the faster of
+            the two on the H200 (benchmarks/NOTES.md, seventeenth session).
     """
 
     def __init__(self, dim: int, nheads: int, nheads_k: int | None = None, head_dim: int | None = None,
                  causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                  rotary: bool = True, rotary_dim: int | None = None, rotary_base: float = 10000.0,
                  rotary_interpolation: float = 1.0, rotary_ntk_alpha: float = 1.0, rotary_interleaved: bool = False,
-                 dropout: float = 0.0, bias: bool = False):
+                 rotary_fused: bool = True, dropout: float = 0.0, bias: bool = False):
         super().__init__()
         self.nheads, self.nheads_k = nheads, nheads_k or nheads
         self.head_dim = head_dim or dim // nheads
         if self.nheads % self.nheads_k:
             raise ValueError(f"nheads ({nheads}) must be divisible by nheads_k ({self.nheads_k})")
         self.causal, self.window_size, self.softcap, self.dropout = causal, window_size, softcap, dropout
-        self.rotary_interleaved = rotary_interleaved
+        self.rotary_interleaved, self.rotary_fused = rotary_interleaved, rotary_fused
         self.q_proj = nn.Linear(dim, self.nheads * self.head_dim, bias=bias)
         self.kv_proj = nn.Linear(dim, 2 * self.nheads_k * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(self.nheads * self.head_dim, dim, bias=bias)
@@ -94,7 +99,12 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             length = max_seqlen if cu_seqlens is not None else x.shape[1]
             cos, sin = self.rotary_tables_for(length, q)
-            kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=self.rotary_interleaved)
+            if self.rotary_fused:
+                kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=self.rotary_interleaved)
+            else:  # self-attention: q and k share positions
+                rotate = dict(interleaved=self.rotary_interleaved, cu_seqlens=cu_seqlens,
+                              max_seqlen=max_seqlen if cu_seqlens is not None else None)
+                q, k = apply_rotary_emb(q, cos, sin, **rotate), apply_rotary_emb(k, cos, sin, **rotate)
         if cu_seqlens is not None:
             out = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kw)
         else:

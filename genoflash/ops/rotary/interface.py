@@ -1,0 +1,115 @@
+"""`apply_rotary_emb`: RoPE as a pass of its own, with flash-attn's name and arguments
+(flash_attn.layers.rotary.apply_rotary_emb). Validate -> the chosen backend: `triton` runs
+forward.py's kernel inside an autograd Function that keeps only the tables; `torch` and
+`reference` run reference.py's PyTorch rotation (differentiable as it is)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...backends import select_backend, triton_interpreted
+from ..attention.interface import _check_cu_seqlens
+from .reference import rotary_reference
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class RotaryFunction(torch.autograd.Function):
+    """out = x rotated pair by pair to its positions. Saves the tables (and the offsets and
+    cu_seqlens), never x: the backward rotates the output's gradient back by the same angles."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen):
+        from .forward import rotary_forward
+        offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
+        ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
+        ctx.interleaved, ctx.int_offset, ctx.max_seqlen = interleaved, seqlen_offsets, max_seqlen
+        return rotary_forward(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen)
+
+    @staticmethod
+    def backward(ctx, dout):
+        from .forward import rotary_forward
+        cos, sin, offsets, cu_seqlens = ctx.saved_tensors
+        seqlen_offsets = offsets if offsets is not None else ctx.int_offset
+        dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+        dx = rotary_forward(dout, cos, sin, ctx.interleaved, seqlen_offsets, cu_seqlens, ctx.max_seqlen, inverse=True)
+        return dx, None, None, None, None, None, None
+
+
+def _check_offsets(seqlen_offsets, batch: int, device) -> tuple[int | torch.Tensor, list[int]]:
+    """(what the kernel takes, the offset of each sequence)."""
+    if isinstance(seqlen_offsets, torch.Tensor):
+        if seqlen_offsets.dtype not in (torch.int32, torch.int64) or tuple(seqlen_offsets.shape) != (batch,):
+            raise TypeError(f"seqlen_offsets must be an int or an integer tensor of shape ({batch},), got "
+                            f"{seqlen_offsets.dtype} {tuple(seqlen_offsets.shape)}")
+        if seqlen_offsets.device != device:
+            raise ValueError(f"seqlen_offsets must be on {device}, got {seqlen_offsets.device}")
+        values = seqlen_offsets.tolist()  # one small copy: positions outside the tables must never be read
+        if min(values) < 0 or max(values) >= 2**31:
+            raise ValueError(f"seqlen_offsets must be in [0, 2^31), got {min(values)}..{max(values)}")
+        return seqlen_offsets.to(torch.int32).contiguous(), values
+    if isinstance(seqlen_offsets, bool) or not isinstance(seqlen_offsets, int) or not 0 <= seqlen_offsets < 2**31:
+        raise ValueError(f"seqlen_offsets must be an int in [0, 2^31) or a tensor, got {seqlen_offsets!r}")
+    return seqlen_offsets, [seqlen_offsets] * batch
+
+
+def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
+                     seqlen_offsets: int | torch.Tensor = 0, cu_seqlens: torch.Tensor | None = None,
+                     max_seqlen: int | None = None) -> torch.Tensor:
+    """Rotary position embedding, as a new tensor (x is not changed).
+
+    Args:
+        x: (batch, seqlen, nheads, headdim), or packed (total, nheads, headdim) with cu_seqlens.
+        cos, sin: (positions, rotary_dim / 2) tables, e.g. `genoflash.rotary_tables`; the first
+            rotary_dim channels of each head rotate, the rest pass through.
+        interleaved: GPT-J pairs (2m, 2m + 1) instead of NeoX halves (m, m + rotary_dim / 2).
+        seqlen_offsets: token t of a sequence sits at position t + seqlen_offsets; an int, or one
+            per sequence as an integer (batch,) tensor.
+        cu_seqlens, max_seqlen: a packed batch's int32 prefix sums and its longest sequence;
+            positions restart at 0 (plus the offset) in each sequence.
+
+    Differentiable with respect to x; the tables get no gradient. The rotation is computed in
+    float32 and rounded once to x's dtype (float64 x: the PyTorch backends, in float64).
+    """
+    varlen = cu_seqlens is not None
+    rank, layout = (3, "(total, nheads, headdim)") if varlen else (4, "(batch, seqlen, nheads, headdim)")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError("x must be a floating-point torch.Tensor")
+    if x.dim() != rank:
+        raise ValueError(f"x must have rank {rank} {layout}, got shape {tuple(x.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 2:
+            raise TypeError(f"{name} must be a 2-D floating-point tensor (positions, rotary_dim / 2)")
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on {x.device}, got {t.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} differ in shape")
+    if not 0 < 2 * cos.shape[1] <= x.shape[-1]:
+        raise ValueError(f"rotary_dim (2 x {cos.shape[1]}) must be in [2, headdim = {x.shape[-1]}]")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+    if varlen:
+        lengths = _check_cu_seqlens("cu_seqlens", cu_seqlens, x.shape[0], max_seqlen, x.device)
+    else:
+        if max_seqlen is not None:
+            raise ValueError("max_seqlen goes with cu_seqlens (a packed batch)")
+        lengths = [x.shape[1]] * x.shape[0]
+        max_seqlen = x.shape[1]
+    offsets, offset_values = _check_offsets(seqlen_offsets, len(lengths), x.device)
+    end = max(n + o for n, o in zip(lengths, offset_values))
+    if end > cos.shape[0]:
+        raise ValueError(f"the tables cover {cos.shape[0]} positions but a sequence reaches position {end - 1}")
+    if x.numel() == 0:
+        return x.clone()
+
+    backend = select_backend(x.device)
+    if backend != "triton":
+        return rotary_reference(x, cos, sin, interleaved, offset_values, cu_seqlens.tolist() if varlen else None)
+    if x.dtype not in _TRITON_DTYPES:
+        raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {x.dtype}")
+    if x.device.type != "cuda" and not triton_interpreted():
+        raise ValueError(f"the triton backend needs CUDA tensors (got {x.device}); on the CPU use the "
+                         "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return RotaryFunction.apply(x, cos.contiguous(), sin.contiguous(), interleaved, offsets, cu_seqlens, max_seqlen)
