@@ -20,6 +20,8 @@
    forward and fwd+bwd, beside genoflash's own, in one process; and genoflash with
    deterministic=False and its one-pass backward forced, at three one-pass tiles; and the floor:
    the minimal forward with genoflash's own keep mask (mask._dropout_keep) against without.
+3. `--parts rope-pass`: fused RoPE against RoPE as a pass of its own (genoflash.apply_rotary_emb)
+   followed by attention without RoPE, and the attention layer both ways.
 
     python benchmarks/fused_cost_probe.py --out fused_cost.json
 """
@@ -269,6 +271,69 @@ def dropout_rows(b, h, n, d):
     return rows
 
 
+def rope_pass_rows(b, h, n, d):
+    """Fused RoPE against RoPE as a pass of its own (genoflash.apply_rotary_emb on q and k, then
+    attention without RoPE), forward and fwd+bwd, with plain attention beside; and the attention
+    layer both ways (dim = h * d). float16 tables, as the layer passes them for bf16 inputs."""
+    import genoflash
+    from genoflash.layers import MultiHeadAttention
+    from genoflash.rotary import rotary_tables
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    cos, sin = rotary_tables(n, d, device="cuda", dtype=torch.float16)
+    flops = 4 * b * h * n * n * d
+    rows = []
+
+    def separate(a, c, w):
+        return genoflash.flash_attn_func(genoflash.apply_rotary_emb(a, cos, sin), genoflash.apply_rotary_emb(c, cos, sin),
+                                         w)
+    impls = {
+        "plain": lambda a, c, w: genoflash.flash_attn_func(a, c, w),
+        "fused RoPE": lambda a, c, w: genoflash.flash_attn_func(a, c, w, rotary_cos=cos, rotary_sin=sin),
+        "RoPE pass, then attention": separate,
+    }
+    with torch.no_grad():
+        ref = impls["fused RoPE"](q, k, v).float()
+    for name, fn in impls.items():
+        row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="rope pass", impl=name)
+        try:
+            with torch.no_grad():
+                if name != "plain":
+                    row["max_diff_vs_fused"] = (fn(q, k, v).float() - ref).abs().max().item()
+                fwd = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=200, return_mode="median")
+            both = triton.testing.do_bench(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), warmup=25,
+                                           rep=200, return_mode="median")
+            row.update(fwd_ms=fwd, fwd_tflops=flops / fwd * 1e-9, fwd_bwd_ms=both,
+                       fwd_bwd_tflops=3.5 * flops / both * 1e-9)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    with torch.no_grad():  # the pass alone: bytes moved = x read + out written
+        ms = triton.testing.do_bench(lambda: genoflash.apply_rotary_emb(q, cos, sin), warmup=25, rep=200,
+                                     return_mode="median")
+    row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="rope pass", impl="apply_rotary_emb alone (q)", ms=ms,
+               tb_per_s=2 * q.numel() * q.element_size() / ms * 1e-9)
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+    x = torch.randn(b, n, h * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for fused in (True, False):
+        layer = MultiHeadAttention(h * d, h, rotary_fused=fused).to("cuda", torch.bfloat16)
+        row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="rope pass", impl=f"layer, rotary_fused={fused}")
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            both = triton.testing.do_bench(lambda: torch.autograd.grad(layer(x).sum(), [x, *layer.parameters()]),
+                                           warmup=10, rep=200, return_mode="median")
+            row.update(fwd_bwd_ms=both, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -279,11 +344,14 @@ def main() -> None:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 method="triton.testing.do_bench median; TF/s = 4*B*H*N^2*D (x3.5 fwd+bwd)")
     rows = []
+    parts = set(args.parts.split(","))
     for b, h, n, d in SHAPES:
-        if "rope" in args.parts:
+        if "rope" in parts:
             rows += rope_rows(b, h, n, d, meta)
-        if "dropout" in args.parts:
+        if "dropout" in parts:
             rows += dropout_rows(b, h, n, d)
+        if "rope-pass" in parts:
+            rows += rope_pass_rows(b, h, n, d)
         with open(args.out, "w") as f:
             json.dump(dict(meta, rows=rows), f, indent=1)
 
