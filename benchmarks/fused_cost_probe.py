@@ -287,8 +287,8 @@ def rope_pass_rows(b, h, n, d):
     rows = []
 
     def separate(a, c, w):
-        return genoflash.flash_attn_func(genoflash.apply_rotary_emb(a, cos, sin), genoflash.apply_rotary_emb(c, cos, sin),
-                                         w)
+        rotated = [genoflash.apply_rotary_emb(t, cos, sin) for t in (a, c)]
+        return genoflash.flash_attn_func(*rotated, w)
     impls = {
         "plain": lambda a, c, w: genoflash.flash_attn_func(a, c, w),
         "fused RoPE": lambda a, c, w: genoflash.flash_attn_func(a, c, w, rotary_cos=cos, rotary_sin=sin),

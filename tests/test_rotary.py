@@ -234,7 +234,7 @@ def test_attention_layer_reads_float16_tables_for_16bit_inputs(device):
     """16-bit q and k get float16 tables (faster kernels); the result stays within the rule
     against float64 attention on exactly rotated q and k, as the float32 tables' result does."""
     torch.manual_seed(35)
-    layer = MultiHeadAttention(64, nheads=4, causal=True).to(device, DTYPE)
+    layer = MultiHeadAttention(64, nheads=4, causal=True, rotary_fused=True).to(device, DTYPE)
     x = torch.randn(2, 50, 64, device=device, dtype=DTYPE)
     q = layer.q_proj(x).view(2, 50, 4, 16)
     k, v = layer.kv_proj(x).view(2, 50, 2, 4, 16).unbind(-3)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops.attention.interface import _check_qkv, flash_attn_block_backward, flash_attn_func
-from ..rotary import apply_rotary
+from ..ops.rotary import apply_rotary_emb
 from .sharding import LAYOUTS, shard_positions
 
 
@@ -148,7 +148,7 @@ def _rotate_shard(x: torch.Tensor, cos, sin, interleaved: bool, ranges) -> torch
     """RoPE on a shard, each of its chunks at its global positions."""
     parts, offset = [], 0
     for start, end in ranges:
-        parts.append(apply_rotary(x[:, offset:offset + end - start], cos, sin, interleaved, position_offset=start))
+        parts.append(apply_rotary_emb(x[:, offset:offset + end - start], cos, sin, interleaved, seqlen_offsets=start))
         offset += end - start
     return torch.cat(parts, dim=1)
 

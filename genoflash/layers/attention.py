@@ -1,4 +1,4 @@
-"""Multi-head attention as an nn.Module, with RoPE on by default (fused into the kernels, or a pass of its own)."""
+"""Multi-head attention as an nn.Module, with RoPE on by default (a pass of its own, or fused into the kernels)."""
 
 from __future__ import annotations
 
@@ -47,17 +47,21 @@ class MultiHeadAttention(nn.Module):
             each head (default all), with `rotary_base`, `rotary_interpolation` (linear position
             interpolation) and `rotary_ntk_alpha` (NTK-aware base scaling) for length extrapolation.
             The tables are float16 when q is float16 or bfloat16 (`rotary_tables_for`), else float32.
-        rotary_fused: True rotates Q and K inside the attention kernels (no rotated copy is
-            written); False rotates q and k in a pass of their own (`genoflash.ops.rotary`) and
-            attends without RoPE, which costs one q- and one k-sized tensor and is the faster of
-            the two on the H200 (benchmarks/NOTES.md, seventeenth session).
+        rotary_fused: False (the default) rotates q and k in a pass of their own
+            (`genoflash.apply_rotary_emb`) and attends without RoPE; True rotates Q and K inside
+            the attention kernels, so that no rotated copy is ever written. The pass costs one q-
+            and one k-sized tensor (+5% peak memory for the layer) and is the faster of the two:
+            the layer's fwd+bwd took 19.4 ms against 27.8 fused at H16 N16k hd128 on the H200
+            (140 against 209 at H8 N64k; results/h200-2026-12-01-rope-pass-eefc7e2.json). In the
+            kernels every query tile rotates every key tile again, which costs at least ~10%
+            (benchmarks/NOTES.md, seventeenth session).
     """
 
     def __init__(self, dim: int, nheads: int, nheads_k: int | None = None, head_dim: int | None = None,
                  causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                  rotary: bool = True, rotary_dim: int | None = None, rotary_base: float = 10000.0,
                  rotary_interpolation: float = 1.0, rotary_ntk_alpha: float = 1.0, rotary_interleaved: bool = False,
-                 rotary_fused: bool = True, dropout: float = 0.0, bias: bool = False):
+                 rotary_fused: bool = False, dropout: float = 0.0, bias: bool = False):
         super().__init__()
         self.nheads, self.nheads_k = nheads, nheads_k or nheads
         self.head_dim = head_dim or dim // nheads

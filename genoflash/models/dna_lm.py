@@ -2,7 +2,7 @@
 
 Causal (next-base prediction, as HyenaDNA and Evo) or bidirectional (masked LM, as
 DNABERT and Caduceus). The mixer of each layer is picked by a letter of `layer_pattern`:
-genoflash attention with RoPE fused into the kernels, global (G) or sliding-window local
+genoflash attention with RoPE (a Triton pass before the kernels), global (G) or sliding-window local
 (L, O(N x window)), or the Hyena operator (H, FFT long convolutions, O(N log N)), or Mamba's selective scan (M,
 O(N); BiMamba for a masked LM). Hybrids such as StripedHyena's (mostly Hyena, some
 attention: "HHHG") or Jamba-like "MMMG" are patterns too (`MIXERS`: letter -> factory).
@@ -103,7 +103,7 @@ class DNALMConfig:
 
 
 def attention_mixer(config: DNALMConfig, letter: str) -> nn.Module:
-    """genoflash MultiHeadAttention with fused RoPE; windowed for an L layer."""
+    """genoflash MultiHeadAttention with RoPE; windowed for an L layer."""
     window = config.window_size
     # Causal masking already hides keys to the right, so a causal window is (window, 0).
     window_size = (window, 0 if config.causal else window) if letter == "L" else (-1, -1)
