@@ -217,8 +217,10 @@ def _nccl_worker(rank, init_file):
         for causal in (False, True):
             ring = outputs_and_grads(lambda a, b, c: ring_flash_attn_func(a, b, c, causal=causal, rotary_cos=cos,
                                                                           rotary_sin=sin), q, k, v, dout)
+            # The same rotation as the ring's (genoflash's rotary pass), so that the two agree bit for bit.
             single = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
-                apply_rotary(a, cos, sin), apply_rotary(b, cos, sin), c, causal=causal), q, k, v, dout)
+                genoflash.apply_rotary_emb(a, cos, sin), genoflash.apply_rotary_emb(b, cos, sin), c, causal=causal),
+                q, k, v, dout)
             for name, x, y in zip(("out", "dq", "dk", "dv"), ring, single):
                 assert torch.equal(x, y), f"{name} (causal={causal}) differs from single-device attention"
     finally:
