@@ -180,3 +180,16 @@ def test_fast_path_equals_the_usual_launch_on_gpu(features, monkeypatch):
     for i, (a, b) in enumerate(zip(usual, fast)):
         for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
             assert torch.equal(x, y), f"case {i}: {name}"
+
+
+def test_host_integer_helpers_equal_triton_s():
+    """ops/host.py's cdiv and next_power_of_2 (plain Python, for launch code) give triton's values."""
+    import triton
+
+    from genoflash.ops.host import cdiv, next_power_of_2
+
+    for a in range(0, 3000, 7):
+        assert next_power_of_2(a) == triton.next_power_of_2(a), a
+        for b in (1, 16, 64, 100, 128):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    assert next_power_of_2(2**40 + 1) == 2**41

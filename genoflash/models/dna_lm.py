@@ -38,6 +38,8 @@ class DNALMConfig:
         ffn_mult: SwiGLU hidden width is ffn_mult * dim, rounded up to a multiple of 64.
         causal: True for a causal LM (position i sees 0..i), False for a masked LM.
         rotary_base, rotary_interpolation: RoPE base and linear position interpolation.
+        rotary_fused: rotate Q and K inside the attention kernels instead of in a pass of
+            their own before them (`MultiHeadAttention`; the pass is faster on the H200).
         attn_dropout: dropout on the attention probabilities (training only), fused.
         window_size: how far (in tokens) a local layer's query sees, on each side it may look.
         layer_pattern: one letter per layer, repeated to `depth`: L (local attention), G
@@ -65,6 +67,7 @@ class DNALMConfig:
     causal: bool = True
     rotary_base: float = 10000.0
     rotary_interpolation: float = 1.0
+    rotary_fused: bool = False
     attn_dropout: float = 0.0
     window_size: int = 512
     layer_pattern: str = "G"
@@ -109,7 +112,7 @@ def attention_mixer(config: DNALMConfig, letter: str) -> nn.Module:
     window_size = (window, 0 if config.causal else window) if letter == "L" else (-1, -1)
     return MultiHeadAttention(config.dim, config.nheads, config.nheads_k, causal=config.causal,
                               window_size=window_size, rotary_base=config.rotary_base,
-                              rotary_interpolation=config.rotary_interpolation,
+                              rotary_interpolation=config.rotary_interpolation, rotary_fused=config.rotary_fused,
                               dropout=config.attn_dropout)
 
 

@@ -47,6 +47,7 @@ class EnformerConfig:
         ffn_mult: SwiGLU hidden width is ffn_mult * dim, rounded up to a multiple of 64.
         window_size: attention window in bins on each side; -1 is global.
         rotary_base, rotary_interpolation: RoPE over bin positions.
+        rotary_fused: RoPE inside the attention kernels instead of a pass before them.
         attn_dropout: dropout on the attention probabilities (training only), fused.
         heads: name -> number of tracks predicted per bin (softplus: counts are >= 0).
         class_heads: name -> number of classes predicted per sequence from the mean bin.
@@ -64,6 +65,7 @@ class EnformerConfig:
     window_size: int = -1
     rotary_base: float = 10000.0
     rotary_interpolation: float = 1.0
+    rotary_fused: bool = False
     attn_dropout: float = 0.0
     heads: dict[str, int] = field(default_factory=lambda: {"human": 5313, "mouse": 1643})
     class_heads: dict[str, int] = field(default_factory=dict)
@@ -240,7 +242,8 @@ class Enformer(nn.Module):
         self.blocks = nn.ModuleList(
             PreNormBlock(config.dim, MultiHeadAttention(
                 config.dim, config.nheads, window_size=window, rotary_base=config.rotary_base,
-                rotary_interpolation=config.rotary_interpolation, dropout=config.attn_dropout),
+                rotary_interpolation=config.rotary_interpolation, rotary_fused=config.rotary_fused,
+                dropout=config.attn_dropout),
                 ffn_hidden)
             for _ in range(config.depth))
         self.norm = RMSNorm(config.dim)

@@ -23,7 +23,8 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from .block_info import _kv_block_range, _q_block_range
-from .configs import TileConfig, backward_config, cdiv, dkdv_group_split, value_blocks
+from ..host import cdiv
+from .configs import TileConfig, backward_config, dkdv_group_split, value_blocks
 from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides

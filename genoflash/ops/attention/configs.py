@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from ...backends import triton_interpreted
+from ..host import cdiv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,11 +256,6 @@ def dkdv_group_split(kv_group: int, programs: int, flops: float, device: torch.d
         return kv_group
     splits = min(kv_group, cdiv(DKDV_GROUP_SPLIT_TARGET_WAVES * sms, programs))
     return cdiv(kv_group, splits)
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division on the host (triton.cdiv is a jit function: several us per host call)."""
-    return -(-a // b)
 
 
 def channel_blocks(width: int, split_by_default: bool = True) -> tuple[int, int]:

@@ -21,7 +21,8 @@ import triton.language as tl
 from ...backends import triton_interpreted
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from .configs import cdiv, channel_blocks, forward_config, forward_key_chunk, value_blocks
+from ..host import cdiv, next_power_of_2
+from .configs import channel_blocks, forward_config, forward_key_chunk, value_blocks
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
 from .launch import launch
@@ -267,7 +268,7 @@ def input_precision(dtype: torch.dtype) -> str:
 
 def head_block(head_dim: int) -> int:
     # tl.dot needs every dimension >= 16; smaller or non-power-of-two head dims are padded by masks.
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def qk_blocks(head_dim: int, rotary_dim: int) -> dict:

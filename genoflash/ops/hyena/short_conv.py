@@ -28,6 +28,8 @@ from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
+from ..host import cdiv
+
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -111,7 +113,7 @@ def short_conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                        input_bias: torch.Tensor | None, left: int, interpreted: bool) -> torch.Tensor:
     batch, channels, seqlen = x.shape
     block = _block(interpreted)
-    n_blocks = triton.cdiv(seqlen, block)
+    n_blocks = cdiv(seqlen, block)
     y = torch.empty(batch, channels, seqlen, dtype=x.dtype, device=x.device)
     _short_conv_fwd_kernel[(batch * channels * n_blocks,)](
         x, weight, weight if bias is None else bias, weight if input_bias is None else input_bias, y, channels,
@@ -126,7 +128,7 @@ def short_conv_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     batch, channels, seqlen = x.shape
     taps = weight.shape[-1]
     block = _block(interpreted)
-    n_blocks = triton.cdiv(seqlen, block)
+    n_blocks = cdiv(seqlen, block)
     dx = torch.empty(batch, channels, seqlen, dtype=x.dtype, device=x.device)
     partial = torch.empty(batch, channels, n_blocks, taps + 2, dtype=torch.float32, device=x.device)
     _short_conv_bwd_kernel[(batch * channels * n_blocks,)](

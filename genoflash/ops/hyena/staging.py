@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..host import cdiv
+
 
 # Below this many elements in one group's FFT buffer, torch ops stage the rows: a Triton launch
 # costs more host time (~70 us on the H200 machine) than the kernel saves on the GPU, and short
@@ -82,7 +84,7 @@ def load_rows(dst: torch.Tensor, src: torch.Tensor, reverse: bool, how: Staging)
     src3, dst3 = _as_3d(src), _as_3d(dst)
     batch, group, length = src3.shape
     block = _block(how.interpreted)
-    n_blocks = triton.cdiv(length, block)
+    n_blocks = cdiv(length, block)
     _load_rows_kernel[(batch * group * n_blocks,)](
         src3, dst3, group, length, n_blocks, *src3.stride(), dst3.stride(0), dst3.stride(1),
         REVERSE=reverse, BLOCK=block)
@@ -105,7 +107,7 @@ def write_window(out: torch.Tensor, corr: torch.Tensor, start: int, D: torch.Ten
     skip3 = corr3 if skip is None else _as_3d(skip)
     batch, group, _ = out3.shape
     block = _block(how.interpreted)
-    n_blocks = triton.cdiv(length, block)
+    n_blocks = cdiv(length, block)
     _write_window_kernel[(batch * group * n_blocks,)](
         corr3, corr3 if D is None else D, skip3, out3, group, length, n_blocks, start, 1.0 / corr.shape[-1],
         corr3.stride(0), corr3.stride(1), *skip3.stride(), *out3.stride(), HAS_SKIP=D is not None, BLOCK=block)

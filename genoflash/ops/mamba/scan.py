@@ -42,6 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..host import cdiv, next_power_of_2
+
 
 @triton.jit
 def _linear_recurrence(a1, b1, a2, b2):
@@ -433,7 +435,7 @@ def _scan_chunk_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU
 def _blocks(dim: int, dstate: int, interpreted: bool) -> dict:
     # A (CHUNK, BLOCK_D, BLOCK_N) float32 tile per live tensor: CHUNK * BLOCK_D * BLOCK_N = 8192
     # keeps each at 32 registers per thread over 8 warps.
-    block_n = max(2, triton.next_power_of_2(dstate))
+    block_n = max(2, next_power_of_2(dstate))
     block_d = 8 if interpreted else max(1, min(16, 256 // block_n))
     chunk = 16 if interpreted else max(8, 8192 // (block_d * block_n))
     # 8 warps: 256 threads share each 8192-element tile (4 warps made the gradient pass spill).
@@ -473,13 +475,13 @@ def _carry_walk(s_loc: torch.Tensor, decay: torch.Tensor, out: torch.Tensor, rev
     reversed), from a zero start."""
     batch, n_chunks, dim, dstate = s_loc.shape
     blocks = dict(BLOCK_D=cfg["BLOCK_D"], BLOCK_N=cfg["BLOCK_N"], num_warps=4)
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]))
     strides = _strides3(s_loc)
     if n_chunks <= _ONE_LEVEL_CHUNKS:
         _scan_chunk_pass_kernel[grid](s_loc, decay, out, n_chunks, dim, dstate, *strides, REVERSE=reverse, **blocks)
         return
     group_size = max(2, math.isqrt(n_chunks))
-    n_groups = triton.cdiv(n_chunks, group_size)
+    n_groups = cdiv(n_chunks, group_size)
     group_s, group_p, group_h = (torch.empty(batch, n_groups, dim, dstate, device=s_loc.device, dtype=torch.float32)
                                  for _ in range(3))
     g_strides = _strides3(group_s)
@@ -512,8 +514,8 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     batch, seqlen, dim = u.shape
     dstate = A.shape[1]
     cfg = _blocks(dim, dstate, interpreted)
-    n_chunks = triton.cdiv(seqlen, cfg["CHUNK"])
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    n_chunks = cdiv(seqlen, cfg["CHUNK"])
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     states = [torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32) for _ in range(3)]
     s_loc, decay, h0 = states
     flags = _flags(D, z, delta_bias, softplus)
@@ -543,7 +545,7 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     _same_layout(u, dout=dout)
     cfg = _blocks(dim, dstate, interpreted)
     n_chunks = h0.shape[1]
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     flags = _flags(D, z, delta_bias, softplus)
     bias, d_skip, gate = (u if t is None else t for t in (delta_bias, D, z))  # placeholders where not given
     y_loc, carried = torch.empty_like(h0), torch.empty_like(h0)
@@ -563,7 +565,7 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     dz = torch.empty_like(u, dtype=z.dtype) if z is not None else du  # in u's layout; du: a placeholder
     da_part = torch.empty_like(h0)
     cfg = _grads_blocks(dim, dstate, interpreted, deterministic)
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     parts = 1 if not deterministic else grid[1]
     db_part = (torch.zeros if not deterministic else torch.empty)(parts, batch, seqlen, dstate, device=u.device,
                                                                    dtype=torch.float32)

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..host import cdiv
 from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _flip_reverse_scan, _linear_recurrence, _sigmoid,
                    _step_size, _strides3, _tile_2d, _write_partial)
 
@@ -391,8 +392,8 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     dstate = A.shape[1]
     cfg = _cfg(dim, dstate, interpreted)
     B, C = _state_major(B), _state_major(C)
-    n_chunks = triton.cdiv(seqlen, cfg["CHUNK"])
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    n_chunks = cdiv(seqlen, cfg["CHUNK"])
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     s_loc, decay, h0 = (torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
                         for _ in range(3))
     flags = _flags(D, z, delta_bias, softplus)
@@ -419,7 +420,7 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     cfg = _cfg(dim, dstate, interpreted)
     B, C = _state_major(B), _state_major(C)
     n_chunks = h0.shape[1]
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]), n_chunks)
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     dout = _as_channels_first(dout)
     flags = _flags(D, z, delta_bias, softplus)
     bias, d_skip, gate = (u if t is None else t for t in (delta_bias, D, z))  # placeholders where not given

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..host import cdiv, next_power_of_2
+
 _BLOCK_T = 64  # tokens per program
 
 
@@ -83,12 +85,12 @@ def rotary_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interl
         strides_x, strides_o = (0, x.stride(0), x.stride(1)), (0, out.stride(0), out.stride(1))
     else:
         strides_x, strides_o = (x.stride(0), x.stride(1), x.stride(2)), (out.stride(0), out.stride(1), out.stride(2))
-    grid = (triton.cdiv(max_seqlen, _BLOCK_T), batch)
+    grid = (cdiv(max_seqlen, _BLOCK_T), batch)
     _rotary_kernel[grid](
         x, out, cos, sin, cu_seqlens, seqlen_offsets if per_sequence else None,
         *strides_x, *strides_o, cos.stride(0), max_seqlen, x.shape[-2], 0 if per_sequence else seqlen_offsets,
-        HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim, BLOCK_T=_BLOCK_T, BLOCK_R=triton.next_power_of_2(rotary_dim // 2),
-        BLOCK_P=triton.next_power_of_2(max(head_dim - rotary_dim, 1)), INTERLEAVED=interleaved, INVERSE=inverse,
+        HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim, BLOCK_T=_BLOCK_T, BLOCK_R=next_power_of_2(rotary_dim // 2),
+        BLOCK_P=next_power_of_2(max(head_dim - rotary_dim, 1)), INTERLEAVED=interleaved, INVERSE=inverse,
         IS_VARLEN=varlen, OFFSETS_PER_SEQUENCE=per_sequence,
     )
     return out
