@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from genoflash.ops.attention.configs import override_configs
 from genoflash.ops.attention.mask import _dropout_keep
 
 SHAPES = [(1, 16, 16384, 128), (1, 8, 65536, 128)]  # (batch, nheads, seqlen, headdim), non-causal
@@ -152,6 +153,25 @@ def minimal_forward(q, k, v, form, cos, sin, bm, bn, warps, stages, dropout=None
     return o
 
 
+def time_fwd_and_fwd_bwd(row, call, inputs, dout, flops, overrides=None, check=None):
+    """Median forward (without autograd) and forward + backward times of call() into row, with
+    TF/s; check() (optional, run first without autograd) returns more fields. A failure is
+    recorded in the row. Prints and returns the row."""
+    try:
+        with override_configs(**(overrides or {})):
+            with torch.no_grad():
+                if check is not None:
+                    row.update(check())
+                fwd = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+            both = triton.testing.do_bench(lambda: torch.autograd.grad(call(), inputs, dout), warmup=25, rep=200,
+                                           return_mode="median")
+        row.update(fwd_ms=fwd, fwd_tflops=flops / fwd * 1e-9, fwd_bwd_ms=both, fwd_bwd_tflops=3.5 * flops / both * 1e-9)
+    except Exception as e:  # noqa: BLE001 - a probe reports what failed and goes on
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def sdpa(q, k, v, backend, dropout_p=0.0):
     from torch.nn.attention import sdpa_kernel
 
@@ -208,7 +228,7 @@ def dropout_rows(b, h, n, d):
     from torch.nn.attention import SDPBackend
 
     import genoflash
-    from genoflash.ops.attention.configs import TileConfig, backward_config, override_configs
+    from genoflash.ops.attention.configs import TileConfig, backward_config
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -256,18 +276,7 @@ def dropout_rows(b, h, n, d):
             if fused_tile is not None:
                 cfg = backward_config(d, d, False, q.dtype, q.device, 0, p > 0)
                 overrides = dict(backward=dataclasses.replace(cfg, fused_dkdv=fused_tile), one_pass=True)
-            try:
-                with override_configs(**overrides), torch.no_grad():
-                    fwd = triton.testing.do_bench(lambda: fn(p), warmup=25, rep=200, return_mode="median")
-                with override_configs(**overrides):
-                    both = triton.testing.do_bench(lambda: torch.autograd.grad(fn(p), (q, k, v), dout), warmup=25,
-                                                   rep=200, return_mode="median")
-                row.update(fwd_ms=fwd, fwd_tflops=flops / fwd * 1e-9, fwd_bwd_ms=both,
-                           fwd_bwd_tflops=3.5 * flops / both * 1e-9)
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            rows.append(time_fwd_and_fwd_bwd(row, lambda: fn(p), (q, k, v), dout, flops, overrides))
     return rows
 
 
@@ -298,19 +307,9 @@ def rope_pass_rows(b, h, n, d):
         ref = impls["fused RoPE"](q, k, v).float()
     for name, fn in impls.items():
         row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="rope pass", impl=name)
-        try:
-            with torch.no_grad():
-                if name != "plain":
-                    row["max_diff_vs_fused"] = (fn(q, k, v).float() - ref).abs().max().item()
-                fwd = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=200, return_mode="median")
-            both = triton.testing.do_bench(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), warmup=25,
-                                           rep=200, return_mode="median")
-            row.update(fwd_ms=fwd, fwd_tflops=flops / fwd * 1e-9, fwd_bwd_ms=both,
-                       fwd_bwd_tflops=3.5 * flops / both * 1e-9)
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+        check = None if name == "plain" else (
+            lambda: {"max_diff_vs_fused": (fn(q, k, v).float() - ref).abs().max().item()})
+        rows.append(time_fwd_and_fwd_bwd(row, lambda: fn(q, k, v), (q, k, v), dout, flops, check=check))
     with torch.no_grad():  # the pass alone: bytes moved = x read + out written
         ms = triton.testing.do_bench(lambda: genoflash.apply_rotary_emb(q, cos, sin), warmup=25, rep=200,
                                      return_mode="median")
