@@ -9,5 +9,5 @@ from .rotary import apply_rotary, rotary_tables
 
 __version__ = "0.1.0"
 
-__all__ = ["BACKENDS", "apply_rotary", "apply_rotary_emb", "dropout_mask", "flash_attn_func", "flash_attn_varlen_func", "pad_input", "rotary_tables",
-           "unpad_input", "use_backend", "__version__"]
+__all__ = ["BACKENDS", "apply_rotary", "apply_rotary_emb", "dropout_mask", "flash_attn_func", "flash_attn_varlen_func",
+           "pad_input", "rotary_tables", "unpad_input", "use_backend", "__version__"]

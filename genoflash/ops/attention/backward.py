@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from ...backends import triton_interpreted
-from .block_info import _kv_block_range, _q_block_range
 from ..host import cdiv
+from .block_info import _kv_block_range, _q_block_range
 from .configs import TileConfig, backward_config, dkdv_group_split, value_blocks
 from .launch import launch
 from .args import AttentionArgs

@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from ...backends import triton_interpreted
+from ..host import cdiv, next_power_of_2
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from ..host import cdiv, next_power_of_2
 from .configs import channel_blocks, forward_config, forward_key_chunk, value_blocks
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
