@@ -67,3 +67,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     out[..., first] = a * c - b * s
     out[..., second] = b * c + a * s
     return out.to(x.dtype)
+
+
+def apply_rotary_packed(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: list[int],
+                        offsets: list[int], interleaved: bool = False, inverse: bool = False) -> torch.Tensor:
+    """apply_rotary on a packed (total, nheads, headdim) batch: sequence b is rows
+    cu_seqlens[b]:cu_seqlens[b + 1], and its token t sits at position t + offsets[b]."""
+    return torch.cat([apply_rotary(x[None, start:end], cos, sin, interleaved, offset, inverse)[0]
+                      for start, end, offset in zip(cu_seqlens, cu_seqlens[1:], offsets)])

@@ -392,7 +392,7 @@ def print_table(report: dict) -> None:
 
 # ---------------------------------------------------------------- command line
 
-def _seqlens(text: str) -> set[int]:  # also head dims
+def _int_set(text: str) -> set[int]:
     try:
         return {int(n) for n in text.split(",")}
     except ValueError:
@@ -408,9 +408,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", help="appended to the output file name")
     parser.add_argument("--quick", action="store_true", help="only head dim 128 and seqlen <= 65536")
-    parser.add_argument("--seqlen", type=_seqlens, help="only the shapes of the set with these sequence lengths "
+    parser.add_argument("--seqlen", type=_int_set, help="only the shapes of the set with these sequence lengths "
                         "(comma-separated), e.g. to finish a set in two device calls")
-    parser.add_argument("--headdim", type=_seqlens, help="only the shapes of the set with these head dims "
+    parser.add_argument("--headdim", type=_int_set, help="only the shapes of the set with these head dims "
                         "(comma-separated)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--dry-run", action="store_true",

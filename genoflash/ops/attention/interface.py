@@ -11,7 +11,7 @@ import math
 import torch
 
 from ...backends import select_backend, triton_interpreted
-from ...rotary import apply_rotary
+from ...rotary import apply_rotary, apply_rotary_packed
 from . import chunked, reference
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset, dropout_threshold
@@ -201,13 +201,6 @@ def _torch_kwargs(a: AttentionArgs) -> dict:
                 alibi_slopes=a.alibi_slopes, dropout=a.dropout)
 
 
-def _varlen_sequences(a: AttentionArgs):
-    """(q rows, k rows, seqlen_q, seqlen_k) of each packed sequence."""
-    cu_q, cu_k = a.cu_seqlens_q.tolist(), a.cu_seqlens_k.tolist()
-    return [(slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1]), cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b])
-            for b in range(len(cu_q) - 1)]
-
-
 def _rotate_qk(q, k, a: AttentionArgs, inverse: bool = False):
     """RoPE for the torch and reference backends (the kernels rotate on chip instead). With
     inverse=True, maps gradients w.r.t. rotated q and k back to q and k. Differentiable."""
@@ -217,8 +210,12 @@ def _rotate_qk(q, k, a: AttentionArgs, inverse: bool = False):
                                             offset, inverse)
     if not a.varlen:
         return rotate(q, k.shape[1] - q.shape[1]), rotate(k, 0)
-    parts = [(rotate(q[sq][None], nk - nq)[0], rotate(k[sk][None], 0)[0]) for sq, sk, nq, nk in _varlen_sequences(a)]
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    cu_q, cu_k = a.cu_seqlens_q.tolist(), a.cu_seqlens_k.tolist()
+    # Query i of sequence b sits at i + seqlen_k - seqlen_q of that sequence.
+    offsets_q = [(k1 - k0) - (q1 - q0) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
+    table = (a.rotary_cos, a.rotary_sin)
+    return (apply_rotary_packed(q, *table, cu_q, offsets_q, a.rotary_interleaved, inverse),
+            apply_rotary_packed(k, *table, cu_k, [0] * len(offsets_q), a.rotary_interleaved, inverse))
 
 
 def _forward(q, k, v, a: AttentionArgs, backend: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...rotary import apply_rotary
+from ...rotary import apply_rotary, apply_rotary_packed
 
 
 def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
@@ -19,5 +19,4 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     if cu_seqlens is None:
         return torch.cat([apply_rotary(x[b:b + 1], cos, sin, interleaved, offsets[b], inverse)
                           for b in range(batch)])
-    return torch.cat([apply_rotary(x[None, cu_seqlens[b]:cu_seqlens[b + 1]], cos, sin, interleaved, offsets[b],
-                                   inverse)[0] for b in range(batch)])
+    return apply_rotary_packed(x, cos, sin, cu_seqlens, offsets, interleaved, inverse)
