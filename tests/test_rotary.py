@@ -115,6 +115,33 @@ def test_rotary_positions_restart_in_each_varlen_sequence(backend, device):
     torch.testing.assert_close(ref, ref_alone)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotary_varlen_with_seqlen_q_below_seqlen_k(backend, device):
+    """Packed sequences whose queries are fewer than their keys: in each sequence query i sits at
+    position i + seqlen_k - seqlen_q of that sequence (bottom-right, per sequence)."""
+    torch.manual_seed(36)
+    lens_q, lens_k = [1, 17, 40], [9, 30, 40]
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device)
+                  for n in (lens_q, lens_k))
+    cos, sin = rotary_tables(40, 16, device=device)
+    q = torch.randn(sum(lens_q), 2, 24, device=device, dtype=DTYPE, requires_grad=True)
+    k, v = (torch.randn(sum(lens_k), 2, 24, device=device, dtype=DTYPE, requires_grad=True) for _ in range(2))
+    dout = torch.randn(sum(lens_q), 2, 24, device=device, dtype=DTYPE)
+    kw = dict(causal=True, rotary_cos=cos, rotary_sin=sin)
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, 40, 40, **kw),
+                                q, k, v, dout)
+
+    def per_sequence(a, b, c):
+        bq, bk = cu_q.tolist(), cu_k.tolist()
+        return torch.cat([rope_then_attention(cos, sin, False, causal=True)(a[None, q0:q1], b[None, k0:k1],
+                                                                            c[None, k0:k1])[0]
+                          for q0, q1, k0, k1 in zip(bq, bq[1:], bk, bk[1:])])
+
+    truth, same = reference_pair(q, k, v, dout, fn=per_sequence)
+    assert_within_rule(got, truth, same)
+
+
 def per_sequence_rotated(x, cu_s, cos, sin):
     bounds = cu_s.tolist()
     return torch.cat([apply_rotary(x[None, s:e], cos, sin)[0] for s, e in zip(bounds, bounds[1:])])
