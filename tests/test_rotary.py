@@ -85,6 +85,24 @@ def test_rotary_with_window_and_alibi(backend, device):
           alibi_slopes=torch.rand(2, device=device))
 
 
+def check_packed(backend, q, k, v, dout, cu_q, cu_k, cos, sin):
+    """Causal fused RoPE on a packed batch, output and gradients, within the rule against each
+    sequence rotated and attended on its own (rope_then_attention: bottom-right positions)."""
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    max_q, max_k = (max(e - s for s, e in zip(b, b[1:])) for b in (bq, bk))
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(
+            a, b, c, cu_q, cu_k, max_q, max_k, causal=True, rotary_cos=cos, rotary_sin=sin), q, k, v, dout)
+
+    def per_sequence(a, b, c):
+        return torch.cat([rope_then_attention(cos, sin, False, causal=True)(a[None, q0:q1], b[None, k0:k1],
+                                                                            c[None, k0:k1])[0]
+                          for q0, q1, k0, k1 in zip(bq, bq[1:], bk, bk[1:])])
+
+    truth, same = reference_pair(q, k, v, dout, fn=per_sequence)
+    assert_within_rule(got, truth, same)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rotary_positions_restart_in_each_varlen_sequence(backend, device):
     """A packed batch equals each sequence on its own, each starting at position 0."""
@@ -94,22 +112,10 @@ def test_rotary_positions_restart_in_each_varlen_sequence(backend, device):
     cos, sin = rotary_tables(90, 32, device=device)
     q, k, v = (torch.randn(sum(lens), 2, 32, device=device, dtype=DTYPE, requires_grad=True) for _ in range(3))
     dout = torch.randn(sum(lens), 2, 32, device=device, dtype=DTYPE)
-    kw = dict(causal=True, rotary_cos=cos, rotary_sin=sin)
-    with genoflash.use_backend(backend):
-        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(a, b, c, cu_s, cu_s, 90, 90, **kw),
-                                q, k, v, dout)
-
-    def per_sequence(a, b, c):
-        outs = []
-        for s, e in zip(cu_s.tolist(), cu_s.tolist()[1:]):
-            outs.append(rope_then_attention(cos, sin, False, causal=True)(a[None, s:e], b[None, s:e], c[None, s:e])[0])
-        return torch.cat(outs)
-
-    truth, same = reference_pair(q, k, v, dout, fn=per_sequence)
-    assert_within_rule(got, truth, same)
+    check_packed(backend, q, k, v, dout, cu_s, cu_s, cos, sin)
     # The reference backend rotates per sequence too.
     with genoflash.use_backend("reference"):
-        ref = genoflash.flash_attn_varlen_func(q, k, v, cu_s, cu_s, 90, 90, **kw)
+        ref = genoflash.flash_attn_varlen_func(q, k, v, cu_s, cu_s, 90, 90, causal=True, rotary_cos=cos, rotary_sin=sin)
     ref_alone = attention_reference_varlen(*(per_sequence_rotated(t, cu_s, cos, sin) for t in (q, k)), v, cu_s, cu_s,
                                            causal=True)[0]
     torch.testing.assert_close(ref, ref_alone)
@@ -127,19 +133,7 @@ def test_rotary_varlen_with_seqlen_q_below_seqlen_k(backend, device):
     q = torch.randn(sum(lens_q), 2, 24, device=device, dtype=DTYPE, requires_grad=True)
     k, v = (torch.randn(sum(lens_k), 2, 24, device=device, dtype=DTYPE, requires_grad=True) for _ in range(2))
     dout = torch.randn(sum(lens_q), 2, 24, device=device, dtype=DTYPE)
-    kw = dict(causal=True, rotary_cos=cos, rotary_sin=sin)
-    with genoflash.use_backend(backend):
-        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, 40, 40, **kw),
-                                q, k, v, dout)
-
-    def per_sequence(a, b, c):
-        bq, bk = cu_q.tolist(), cu_k.tolist()
-        return torch.cat([rope_then_attention(cos, sin, False, causal=True)(a[None, q0:q1], b[None, k0:k1],
-                                                                            c[None, k0:k1])[0]
-                          for q0, q1, k0, k1 in zip(bq, bq[1:], bk, bk[1:])])
-
-    truth, same = reference_pair(q, k, v, dout, fn=per_sequence)
-    assert_within_rule(got, truth, same)
+    check_packed(backend, q, k, v, dout, cu_q, cu_k, cos, sin)
 
 
 def per_sequence_rotated(x, cu_s, cos, sin):
