@@ -45,6 +45,10 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--profile", default="attention_forward,attention_backward",
+                    help="comma-separated calls to profile with cProfile (names as printed)")
+    ap.add_argument("--profile-fast", action="store_true", help="profile with the fast launch on")
+    ap.add_argument("--sort", default="tottime", help="cProfile sort key (tottime, cumulative)")
     args = ap.parse_args()
 
     run_time = {"s": 0.0}
@@ -92,15 +96,16 @@ def main() -> None:
             for name, fn in calls.items():
                 total, in_run = per_call_us(fn, args.iters, run_time)
                 print(f"{name:26s} {total:7.1f} us per call, of which JITFunction.run {in_run:6.1f} us")
-        os.environ["GENOFLASH_FAST_LAUNCH"] = "0"  # the profiles below: triton's usual path
-        for name in ("attention_forward", "attention_backward"):
+        # The profiles below: triton's usual path unless --profile-fast.
+        os.environ["GENOFLASH_FAST_LAUNCH"] = "1" if args.profile_fast else "0"
+        for name in args.profile.split(","):
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(200):
                 calls[name]()
             prof.disable()
             print(f"===== {name} (cProfile, 200 calls)")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+            pstats.Stats(prof).sort_stats(args.sort).print_stats(30)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,12 @@ SETS = {
     # sweep's N8192 (both masks) and N1024.
     "hd256-2": [(2, 8, 8192, 256, 256, False, None), (2, 8, 8192, 256, 256, True, None),
                 (16, 8, 1024, 256, 256, False, None)],
+    # hd128's dK/dV pass is latency-bound in its one 8-warp CTA per SM (255 registers, 161 KB
+    # shared; ncu 2026-11-30). One-warpgroup tiles with 64 keys fit two CTAs per SM (registers
+    # 205-255, shared 49-83 KB at sm_90, offline_compile.py plain 128 --dkdv ...), whose
+    # independent instruction streams the schedulers can interleave (2026-12-01).
+    "dkdv-2cta": [(1, 16, 16384, 128, 128, False, None), (1, 16, 16384, 128, 128, True, None),
+                  (1, 8, 65536, 128, 128, False, None)],
     # The same shapes, each default beside the candidates that won (or were cut off by a fault)
     # in the qk-split run at 8a2b967, whose lists lacked the defaults.
     "qk-split-2": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
@@ -96,6 +102,8 @@ CANDIDATES = {
                     [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3)]]),
     "dkdv128": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)]],
                 []),
+    "dkdv-2cta": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 2), (32, 64, 4, 3),
+                                                (16, 64, 4, 3), (16, 64, 4, 2)]], []),
     "dv192": ([], [TileConfig(*c) for c in [(16, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 4), (16, 128, 8, 2)]],
               [TileConfig(*c) for c in [(64, 64, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 3),
                                         (64, 128, 8, 3)]]),
