@@ -44,6 +44,9 @@ SHAPES = [  # (batch, nheads, seqlen, headdim, headdim_v, causal, extra kwargs)
     (1, 8, 65536, 128, 128, False, {"window_size": (2048, 2048)}),
     (1, 16, 16384, 128, 128, False, {"dropout_p": 0.1}),
     (1, 16, 16384, 128, 128, False, {"softcap": 30.0}),
+    # hd256, the papers' sweep's B2 H8 N8192, where the backward trails SDPA flash (2026-12-01)
+    (2, 8, 8192, 256, 256, False, {}),
+    (2, 8, 8192, 256, 256, True, {}),
 ]
 
 
