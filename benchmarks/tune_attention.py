@@ -84,6 +84,14 @@ SETS = {
     # independent instruction streams the schedulers can interleave (2026-12-01).
     "dkdv-2cta": [(1, 16, 16384, 128, 128, False, None), (1, 16, 16384, 128, 128, True, None),
                   (1, 8, 65536, 128, 128, False, None)],
+    # The forward at the papers' sweep's short N (16k tokens per batch, hidden 2048). At N = 512 the
+    # hd64 causal point is GPU-bound, not host-bound (attention_host_probe.py and bwd_profile.py,
+    # 2026-12-01: forward 0.261 ms, 132 TF/s executed), and small-n's run (8a2b967) had hd64 causal
+    # 64x64 w4 s3 at 0.159 ms against the table's 128x64 w8 s3 at 0.261. Where does that stop?
+    "short-fwd": [(b, h, n, d, d, c, None) for d, h in ((64, 32), (128, 16)) for n, b in ((512, 32), (1024, 16),
+                  (2048, 8), (4096, 4)) for c in (False, True)],
+    "short-bwd64": [(32, 32, 512, 64, 64, c, None) for c in (False, True)]
+    + [(16, 32, 1024, 64, 64, c, None) for c in (False, True)],
     # The same shapes, each default beside the candidates that won (or were cut off by a fault)
     # in the qk-split run at 8a2b967, whose lists lacked the defaults.
     "qk-split-2": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
@@ -104,6 +112,10 @@ CANDIDATES = {
                 []),
     "dkdv-2cta": ([], [TileConfig(*c) for c in [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 2), (32, 64, 4, 3),
                                                 (16, 64, 4, 3), (16, 64, 4, 2)]], []),
+    "short-fwd": ([TileConfig(*c) for c in [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 64, 4, 2),
+                                            (64, 128, 4, 3)]], [], []),
+    "short-bwd64": ([], [TileConfig(*c) for c in [(32, 128, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3), (64, 64, 4, 2)]],
+                    [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 32, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3)]]),
     "dv192": ([], [TileConfig(*c) for c in [(16, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 4), (16, 128, 8, 2)]],
               [TileConfig(*c) for c in [(64, 64, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 3),
                                         (64, 128, 8, 3)]]),
