@@ -274,7 +274,7 @@ def dropout_rows(b, h, n, d):
             row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="dropout", impl=name, dropout_p=p)
             overrides = {}
             if fused_tile is not None:
-                cfg = backward_config(d, d, False, q.dtype, q.device, 0, p > 0)
+                cfg = backward_config(d, d, False, q.dtype, q.device, 0, p > 0, n)
                 overrides = dict(backward=dataclasses.replace(cfg, fused_dkdv=fused_tile), one_pass=True)
             rows.append(time_fwd_and_fwd_bwd(row, lambda: fn(p), (q, k, v), dout, flops, overrides))
     return rows

@@ -134,7 +134,7 @@ def main():
         with override_configs(one_pass=True):  # the table does not take the one-pass backward itself
             timed("tma+fused-bwd", geno_fused)
         table = backward_config(d, dv, causal and not extra, torch.bfloat16, q.device,
-                                dropout="dropout_p" in extra)
+                                dropout="dropout_p" in extra, seqlen=n)
         for spec in filter(None, args.fused_tiles.split(";")):
             tile = TileConfig(*map(int, spec.split(",")))
             with override_configs(backward=dataclasses.replace(table, fused_dkdv=tile), one_pass=True):

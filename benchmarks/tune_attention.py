@@ -92,6 +92,10 @@ SETS = {
                   (2048, 8), (4096, 4)) for c in (False, True)],
     "short-bwd64": [(32, 32, 512, 64, 64, c, None) for c in (False, True)]
     + [(16, 32, 1024, 64, 64, c, None) for c in (False, True)],
+    # Where the short-sequence tiles (configs.SHORT_SEQLEN_64 and SHORT_CAUSAL_FORWARD_SEQLEN_64)
+    # should stop: the hd64 backward's tiles at N 2k and 4k, the causal forward's at 8k and 16k.
+    "short-limits": [(b, 32, n, 64, 64, c, None) for n, b in ((2048, 8), (4096, 4)) for c in (False, True)]
+    + [(2, 32, 8192, 64, 64, True, None), (1, 32, 16384, 64, 64, True, None)],
     # The same shapes, each default beside the candidates that won (or were cut off by a fault)
     # in the qk-split run at 8a2b967, whose lists lacked the defaults.
     "qk-split-2": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
@@ -114,6 +118,9 @@ CANDIDATES = {
                                                 (16, 64, 4, 3), (16, 64, 4, 2)]], []),
     "short-fwd": ([TileConfig(*c) for c in [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 64, 4, 2),
                                             (64, 128, 4, 3)]], [], []),
+    "short-limits": ([TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3)]],
+                     [TileConfig(*c) for c in [(32, 128, 4, 3), (32, 64, 4, 3)]],
+                     [TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3)]]),
     "short-bwd64": ([], [TileConfig(*c) for c in [(32, 128, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3), (64, 64, 4, 2)]],
                     [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 32, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3)]]),
     "dv192": ([], [TileConfig(*c) for c in [(16, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 4), (16, 128, 8, 2)]],
@@ -209,8 +216,8 @@ def main() -> None:
             a = AttentionArgs(d ** -0.5, left, 0 if causal else right, **tables)
             out, lse = attention_forward(q, k, v, a)
             has_dropout = a.dropout is not None
-            default_bwd = backward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes, has_dropout)
-            default_fwd = forward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes, has_dropout)
+            default_bwd = backward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes, has_dropout, n)
+            default_fwd = forward_config(d, dv, a.causal_only, q.dtype, q.device, a.rotary_table_bytes, has_dropout, n)
             print(f"{shape} defaults: fwd {default_fwd} bwd {default_bwd}")
             for cfg in fwd_candidates:
                 bench(shape, "fwd", cfg, lambda: attention_forward(q, k, v, a), fwd_cfg=cfg)

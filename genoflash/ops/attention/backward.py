@@ -530,7 +530,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     kv_group = nheads // nheads_k
     cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes,
-                         a.dropout is not None)
+                         a.dropout is not None, max(seqlen_q, seqlen_k))
     block_dv, block_dvt = value_blocks(head_dim_v)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)

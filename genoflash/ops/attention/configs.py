@@ -65,10 +65,35 @@ _INTERPRETER_BWD = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64)
 # Set by tests (override_configs) to run the same kernels under other tilings.
 _override: dict[str, object] = {}
 
+# Short sequences at head dims <= 64 (no RoPE, no dropout): the long-N tiles leave a program a
+# few key tiles, and its prologue and epilogue, one CTA per SM, dominate. 64-row query tiles with
+# 4 warps (49 KB shared, 123 registers at sm_90) fit several CTAs per SM. Measured on the H200 at
+# 16k tokens per batch, H32 (tune_attention.py --set short-fwd,short-bwd64,
+# results/tune-short-h200-2026-12-01-a6a465d.json), ms, table -> short tiles:
+# - forward 64x64 w4 s3 against 128x64 w8 s3: causal N512 0.262 -> 0.159, N1k 0.359 -> 0.227,
+#   N2k 0.549 -> 0.389, N4k 0.947 -> 0.712; non-causal N512 0.232 -> 0.182, N1k 0.337 -> 0.308,
+#   but N2k 0.618 -> 0.648 and N4k 1.248 -> 1.228 (and 16k: 5.38 -> 5.67, tune-h200-2026-11-29.json);
+# - backward (whole), dQ 64x64 w4 s3 against 128x64 w8 s3: N512 0.746 -> 0.618 (causal 0.552 ->
+#   0.450), N1k 1.200 -> 1.058 (0.799 -> 0.663); causal dK/dV 32x64 w4 s3 against 32x128 w4 s3:
+#   N512 0.594 -> 0.550, N1k 0.846 -> 0.793 (non-causal: 32x128 stays, 0.744 against 0.749).
+# `seqlen` is the longer of the query and key lengths (max lengths for varlen); 0 means unknown,
+# which takes the long-N tiles.
+SHORT_SEQLEN_64 = 1024
+SHORT_CAUSAL_FORWARD_SEQLEN_64 = 4096
+
+
+def _short_64(head_dim: int, head_dim_v: int, dtype: torch.dtype, rotary_table_bytes: int, dropout: bool,
+              seqlen: int, limit: int) -> bool:
+    return (0 < seqlen <= limit and max(head_dim, head_dim_v) <= 64 and dtype != torch.float32
+            and not rotary_table_bytes and not dropout)
+
 
 def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                 rotary_table_bytes: int, dropout: bool) -> TileConfig:
+                 rotary_table_bytes: int, dropout: bool, seqlen: int = 0) -> TileConfig:
     widest = max(head_dim, head_dim_v)
+    limit = SHORT_CAUSAL_FORWARD_SEQLEN_64 if causal else SHORT_SEQLEN_64
+    if _short_64(head_dim, head_dim_v, dtype, rotary_table_bytes, dropout, seqlen, limit):
+        return TileConfig(64, 64, num_warps=4, num_stages=3)
     if dtype == torch.float32:
         # fp32 (exact "ieee" dots) is for tests and CPU-sized work; small tiles keep the
         # register footprint, and so the compile time, reasonable at large head dims.
@@ -110,8 +135,11 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
 
 
 def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                  rotary_table_bytes: int, dropout: bool) -> BackwardConfig:
+                  rotary_table_bytes: int, dropout: bool, seqlen: int = 0) -> BackwardConfig:
     widest = max(head_dim, head_dim_v)
+    if _short_64(head_dim, head_dim_v, dtype, rotary_table_bytes, dropout, seqlen, SHORT_SEQLEN_64):
+        return BackwardConfig(TileConfig(32, 64, 4, 3) if causal else TileConfig(32, 128, 4, 3),
+                              TileConfig(64, 64, 4, 3), dkdv_q_by_tma=True, fused_dkdv=TileConfig(64, 128, 8, 3))
     if dtype == torch.float32:
         if widest <= 64:
             return BackwardConfig(TileConfig(32, 64), TileConfig(64, 32))
@@ -290,22 +318,24 @@ def value_blocks(head_dim_v: int) -> tuple[int, int]:
 
 
 def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                   device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False) -> TileConfig:
+                   device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False,
+                   seqlen: int = 0) -> TileConfig:
     if "forward" in _override:
         return _override["forward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_FWD
-    return _gpu_forward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout)
+    return _gpu_forward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout, seqlen)
 
 
 def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
-                    device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False) -> BackwardConfig:
+                    device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False,
+                    seqlen: int = 0) -> BackwardConfig:
     if "backward" in _override:
         cfg = _override["backward"]
     elif device.type != "cuda" or triton_interpreted():
         cfg = _INTERPRETER_BWD
     else:
-        cfg = _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout)
+        cfg = _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout, seqlen)
     for flag in ("one_pass", "dq_rope_by_tma"):
         if flag in _override:
             cfg = dataclasses.replace(cfg, **{flag: _override[flag]})

@@ -344,7 +344,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Atte
     out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
     lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, q.shape[0], a.varlen, q.device)
     cfg = forward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes,
-                         a.dropout is not None)
+                         a.dropout is not None, max(seqlen_q, seqlen_k))
     num_m_blocks = cdiv(seqlen_q, cfg.block_m)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)

@@ -1,0 +1,74 @@
+"""The tile table's rules (configs.py): which tiles a call gets, and what the kernels are told.
+
+The GPU rows are plain functions of the call's shape, so they are checked here on the CPU; the
+kernels under each tile run in the GPU suite (every bf16 test at seqlen <= 1,024 and head dim
+<= 64 now takes the short-sequence tiles)."""
+
+import pytest
+import torch
+
+from genoflash.ops.attention import backward as backward_mod, configs, forward as forward_mod
+from genoflash.ops.attention.configs import TileConfig
+
+from .attention_utils import random_qkv
+
+SHORT_FWD = TileConfig(64, 64, 4, 3)
+
+
+def fwd(d=64, dv=None, causal=False, dtype=torch.bfloat16, rope=0, dropout=False, seqlen=0):
+    return configs._gpu_forward(d, dv or d, causal, dtype, rope, dropout, seqlen)
+
+
+def bwd(d=64, dv=None, causal=False, dtype=torch.bfloat16, rope=0, dropout=False, seqlen=0):
+    return configs._gpu_backward(d, dv or d, causal, dtype, rope, dropout, seqlen)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [32, 64])
+def test_short_sequences_take_the_short_tiles_up_to_head_dim_64(d, dtype):
+    long_fwd, long_bwd = fwd(d, dtype=dtype), bwd(d, dtype=dtype)
+    assert long_fwd != SHORT_FWD and long_bwd.dq != TileConfig(64, 64, 4, 3)
+    limit, causal_limit = configs.SHORT_SEQLEN_64, configs.SHORT_CAUSAL_FORWARD_SEQLEN_64
+    for n in (1, 17, 512, limit):
+        assert fwd(d, dtype=dtype, seqlen=n) == SHORT_FWD
+        assert fwd(d, causal=True, dtype=dtype, seqlen=n) == SHORT_FWD
+        full, causal = bwd(d, dtype=dtype, seqlen=n), bwd(d, causal=True, dtype=dtype, seqlen=n)
+        assert full.dq == causal.dq == TileConfig(64, 64, 4, 3)
+        assert full.dkdv == TileConfig(32, 128, 4, 3) and causal.dkdv == TileConfig(32, 64, 4, 3)
+    # Past the limits (and with the length unknown): the long-N rows.
+    assert fwd(d, dtype=dtype, seqlen=limit + 1) == long_fwd
+    assert fwd(d, causal=True, dtype=dtype, seqlen=causal_limit) == SHORT_FWD
+    assert fwd(d, causal=True, dtype=dtype, seqlen=causal_limit + 1) == fwd(d, causal=True, dtype=dtype)
+    assert bwd(d, dtype=dtype, seqlen=limit + 1) == long_bwd
+    assert bwd(d, causal=True, dtype=dtype, seqlen=limit + 1) == bwd(d, causal=True, dtype=dtype)
+
+
+@pytest.mark.parametrize("case", ["hd128", "dv128", "rope", "dropout", "fp32"])
+def test_the_short_tiles_stay_where_they_were_measured(case):
+    kw = dict(hd128=dict(d=128), dv128=dict(d=64, dv=128), rope=dict(rope=2), dropout=dict(dropout=True),
+              fp32=dict(dtype=torch.float32))[case]
+    for causal in (False, True):
+        assert fwd(causal=causal, seqlen=512, **kw) == fwd(causal=causal, **kw)
+        assert bwd(causal=causal, seqlen=512, **kw) == bwd(causal=causal, **kw)
+
+
+def test_the_kernels_pass_the_longer_sequence_length(monkeypatch, device):
+    seen = []
+
+    def recorder(real):
+        def config(*args, **kw):
+            seen.append(args[7] if len(args) > 7 else kw.get("seqlen"))
+            return real(*args, **kw)
+        return config
+
+    monkeypatch.setattr(forward_mod, "forward_config", recorder(configs.forward_config))
+    monkeypatch.setattr(backward_mod, "backward_config", recorder(configs.backward_config))
+    import genoflash
+    from genoflash.backends import use_backend
+
+    for n_q, n_k in ((17, 129), (129, 17)):
+        seen.clear()
+        q, k, v, dout = random_qkv(1, n_q, n_k, 2, 32, torch.float16, device)
+        with use_backend("triton"):
+            torch.autograd.grad(genoflash.flash_attn_func(q, k, v), (q, k, v), dout)
+        assert seen == [129, 129]
