@@ -92,8 +92,9 @@ SETS = {
                   (2048, 8), (4096, 4)) for c in (False, True)],
     "short-bwd64": [(32, 32, 512, 64, 64, c, None) for c in (False, True)]
     + [(16, 32, 1024, 64, 64, c, None) for c in (False, True)],
-    # Where the short-sequence tiles (configs.SHORT_SEQLEN_64 and SHORT_CAUSAL_FORWARD_SEQLEN_64)
-    # should stop: the hd64 backward's tiles at N 2k and 4k, the causal forward's at 8k and 16k.
+    # Where the short-sequence tiles at head dims <= 64 (configs.SHORT_FORWARD_SEQLEN_64 and
+    # SHORT_BACKWARD_SEQLEN_64) should stop: the hd64 backward's tiles at N 2k and 4k, the causal
+    # forward's at 8k and 16k.
     "short-limits": [(b, 32, n, 64, 64, c, None) for n, b in ((2048, 8), (4096, 4)) for c in (False, True)]
     + [(2, 32, 8192, 64, 64, True, None), (1, 32, 16384, 64, 64, True, None)],
     # The same shapes, each default beside the candidates that won (or were cut off by a fault)

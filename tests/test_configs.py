@@ -25,22 +25,24 @@ def bwd(d=64, dv=None, causal=False, dtype=torch.bfloat16, rope=0, dropout=False
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [32, 64])
-def test_short_sequences_take_the_short_tiles_up_to_head_dim_64(d, dtype):
-    long_fwd, long_bwd = fwd(d, dtype=dtype), bwd(d, dtype=dtype)
-    assert long_fwd != SHORT_FWD and long_bwd.dq != TileConfig(64, 64, 4, 3)
-    limit, causal_limit = configs.SHORT_SEQLEN_64, configs.SHORT_CAUSAL_FORWARD_SEQLEN_64
-    for n in (1, 17, 512, limit):
+def test_head_dims_up_to_64_take_the_short_sequence_tiles(d, dtype):
+    long_fwd, long_bwd = TileConfig(128, 64, 8, 3), bwd(d, dtype=dtype)
+    assert fwd(d, dtype=dtype) == long_fwd and long_bwd.dq == TileConfig(128, 64, 8, 3)
+    assert long_bwd.dkdv == TileConfig(32, 128, 4, 3)
+    fwd_limit, bwd_limit = configs.SHORT_FORWARD_SEQLEN_64, configs.SHORT_BACKWARD_SEQLEN_64
+    for n in (1, 17, 512, fwd_limit):
         assert fwd(d, dtype=dtype, seqlen=n) == SHORT_FWD
+    assert fwd(d, dtype=dtype, seqlen=fwd_limit + 1) == long_fwd
+    # Causal: the short forward and dQ tiles at every length (measured to 16k), the dK/dV tile to the limit.
+    for n in (0, 1, 129, fwd_limit + 1, bwd_limit + 1, 65536):
         assert fwd(d, causal=True, dtype=dtype, seqlen=n) == SHORT_FWD
+        assert bwd(d, causal=True, dtype=dtype, seqlen=n).dq == TileConfig(64, 64, 4, 3)
+    for n in (1, 129, bwd_limit):
         full, causal = bwd(d, dtype=dtype, seqlen=n), bwd(d, causal=True, dtype=dtype, seqlen=n)
-        assert full.dq == causal.dq == TileConfig(64, 64, 4, 3)
+        assert full.dq == TileConfig(64, 64, 4, 3)
         assert full.dkdv == TileConfig(32, 128, 4, 3) and causal.dkdv == TileConfig(32, 64, 4, 3)
-    # Past the limits (and with the length unknown): the long-N rows.
-    assert fwd(d, dtype=dtype, seqlen=limit + 1) == long_fwd
-    assert fwd(d, causal=True, dtype=dtype, seqlen=causal_limit) == SHORT_FWD
-    assert fwd(d, causal=True, dtype=dtype, seqlen=causal_limit + 1) == fwd(d, causal=True, dtype=dtype)
-    assert bwd(d, dtype=dtype, seqlen=limit + 1) == long_bwd
-    assert bwd(d, causal=True, dtype=dtype, seqlen=limit + 1) == bwd(d, causal=True, dtype=dtype)
+    assert bwd(d, dtype=dtype, seqlen=bwd_limit + 1) == long_bwd
+    assert bwd(d, causal=True, dtype=dtype, seqlen=bwd_limit + 1).dkdv == TileConfig(32, 128, 4, 3)
 
 
 @pytest.mark.parametrize("case", ["hd128", "dv128", "rope", "dropout", "fp32"])
@@ -48,8 +50,10 @@ def test_the_short_tiles_stay_where_they_were_measured(case):
     kw = dict(hd128=dict(d=128), dv128=dict(d=64, dv=128), rope=dict(rope=2), dropout=dict(dropout=True),
               fp32=dict(dtype=torch.float32))[case]
     for causal in (False, True):
-        assert fwd(causal=causal, seqlen=512, **kw) == fwd(causal=causal, **kw)
-        assert bwd(causal=causal, seqlen=512, **kw) == bwd(causal=causal, **kw)
+        for n in (17, 512):
+            assert fwd(causal=causal, seqlen=n, **kw) == fwd(causal=False, **kw) != SHORT_FWD
+            assert bwd(causal=causal, seqlen=n, **kw) == bwd(causal=causal, **kw)
+            assert bwd(causal=causal, seqlen=n, **kw).dq != TileConfig(64, 64, 4, 3)
 
 
 def test_the_kernels_pass_the_longer_sequence_length(monkeypatch, device):

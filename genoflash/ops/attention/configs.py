@@ -65,35 +65,35 @@ _INTERPRETER_BWD = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64)
 # Set by tests (override_configs) to run the same kernels under other tilings.
 _override: dict[str, object] = {}
 
-# Short sequences at head dims <= 64 (no RoPE, no dropout): the long-N tiles leave a program a
-# few key tiles, and its prologue and epilogue, one CTA per SM, dominate. 64-row query tiles with
-# 4 warps (49 KB shared, 123 registers at sm_90) fit several CTAs per SM. Measured on the H200 at
-# 16k tokens per batch, H32 (tune_attention.py --set short-fwd,short-bwd64,
-# results/tune-short-h200-2026-12-01-a6a465d.json), ms, table -> short tiles:
-# - forward 64x64 w4 s3 against 128x64 w8 s3: causal N512 0.262 -> 0.159, N1k 0.359 -> 0.227,
-#   N2k 0.549 -> 0.389, N4k 0.947 -> 0.712; non-causal N512 0.232 -> 0.182, N1k 0.337 -> 0.308,
-#   but N2k 0.618 -> 0.648 and N4k 1.248 -> 1.228 (and 16k: 5.38 -> 5.67, tune-h200-2026-11-29.json);
-# - backward (whole), dQ 64x64 w4 s3 against 128x64 w8 s3: N512 0.746 -> 0.618 (causal 0.552 ->
-#   0.450), N1k 1.200 -> 1.058 (0.799 -> 0.663); causal dK/dV 32x64 w4 s3 against 32x128 w4 s3:
-#   N512 0.594 -> 0.550, N1k 0.846 -> 0.793 (non-causal: 32x128 stays, 0.744 against 0.749).
-# `seqlen` is the longer of the query and key lengths (max lengths for varlen); 0 means unknown,
-# which takes the long-N tiles.
-SHORT_SEQLEN_64 = 1024
-SHORT_CAUSAL_FORWARD_SEQLEN_64 = 4096
+# Head dims <= 64, 16-bit, without RoPE or dropout: 64-row query tiles with 4 warps (49 KB shared,
+# 123-141 registers at sm_90, several CTAs per SM) where the long-N tiles (one CTA per SM) leave a
+# program few key tiles or, with a causal mask, much of its work on the diagonal. Measured on the H200
+# at 16k tokens per batch, H32 (tune_attention.py --set short-fwd,short-bwd64 and short-limits,
+# results/tune-short-h200-2026-12-01-a6a465d.json and tune-short-limits-h200-2026-12-01-036fccc.json),
+# ms, long-N tile -> this one:
+# - forward 64x64 w4 s3 against 128x64 w8 s3: causal N512 0.262 -> 0.159, 1k 0.359 -> 0.227, 2k 0.549
+#   -> 0.376, 4k 0.952 -> 0.724, 8k 1.740 -> 1.405, 16k 3.226 -> 2.731; non-causal N512 0.232 -> 0.182,
+#   1k 0.337 -> 0.308, then level within the runs' spread (2k 0.615 -> 0.582 and 0.618 -> 0.648; 4k
+#   1.258 -> 1.274; 16k 5.38 -> 5.67, tune-h200-2026-11-29.json);
+# - whole backward, dQ 64x64 w4 s3 against 128x64 w8 s3: causal N512 0.552 -> 0.450, 1k 0.799 ->
+#   0.663, 2k 1.302 -> 1.196, 4k 2.348 -> 2.168, 8k 4.386 -> 4.193, 16k 8.363 -> 8.112; non-causal
+#   N512 0.746 -> 0.618, 1k 1.200 -> 1.058, 2k 2.149 -> 1.967, 4k 4.108 -> 4.171;
+# - causal dK/dV 32x64 w4 s3 against 32x128 w4 s3: N512 0.594 -> 0.550, 1k 0.846 -> 0.793, 2k 1.340 ->
+#   1.293, then level (4k 2.371 -> 2.348, 16k 8.341 -> 8.446). Non-causal keeps 32x128 (0.744 / 0.749).
+# `seqlen` is the longer of the query and key lengths (the max lengths for varlen); 0 (unknown) takes
+# the long-N tiles where the choice depends on it.
+SHORT_FORWARD_SEQLEN_64 = 1024
+SHORT_BACKWARD_SEQLEN_64 = 2048
 
 
-def _short_64(head_dim: int, head_dim_v: int, dtype: torch.dtype, rotary_table_bytes: int, dropout: bool,
-              seqlen: int, limit: int) -> bool:
-    return (0 < seqlen <= limit and max(head_dim, head_dim_v) <= 64 and dtype != torch.float32
-            and not rotary_table_bytes and not dropout)
+def _short_ok(rotary_table_bytes: int, dropout: bool) -> bool:
+    """Where the short-sequence tiles above were measured (16-bit dtypes are checked by the caller)."""
+    return not rotary_table_bytes and not dropout
 
 
 def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
                  rotary_table_bytes: int, dropout: bool, seqlen: int = 0) -> TileConfig:
     widest = max(head_dim, head_dim_v)
-    limit = SHORT_CAUSAL_FORWARD_SEQLEN_64 if causal else SHORT_SEQLEN_64
-    if _short_64(head_dim, head_dim_v, dtype, rotary_table_bytes, dropout, seqlen, limit):
-        return TileConfig(64, 64, num_warps=4, num_stages=3)
     if dtype == torch.float32:
         # fp32 (exact "ieee" dots) is for tests and CPU-sized work; small tiles keep the
         # register footprint, and so the compile time, reasonable at large head dims.
@@ -104,6 +104,8 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
     # V padded to 256 channels; with V split, 128 + 64, (64, 192) takes 128x128: below);
     # hd256 64x64 w4 s3 296.
     if widest <= 64:
+        if _short_ok(rotary_table_bytes, dropout) and (causal or 0 < seqlen <= SHORT_FORWARD_SEQLEN_64):
+            return TileConfig(64, 64, num_warps=4, num_stages=3)  # above
         return TileConfig(128, 64, num_warps=8, num_stages=3)
     if rotary_table_bytes and widest <= 128:
         # RoPE streams a cos and a sin tile (BLOCK_N x D/2) beside each K tile; 128x128 with
@@ -137,9 +139,6 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
 def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
                   rotary_table_bytes: int, dropout: bool, seqlen: int = 0) -> BackwardConfig:
     widest = max(head_dim, head_dim_v)
-    if _short_64(head_dim, head_dim_v, dtype, rotary_table_bytes, dropout, seqlen, SHORT_SEQLEN_64):
-        return BackwardConfig(TileConfig(32, 64, 4, 3) if causal else TileConfig(32, 128, 4, 3),
-                              TileConfig(64, 64, 4, 3), dkdv_q_by_tma=True, fused_dkdv=TileConfig(64, 128, 8, 3))
     if dtype == torch.float32:
         if widest <= 64:
             return BackwardConfig(TileConfig(32, 64), TileConfig(64, 32))
@@ -151,8 +150,11 @@ def _gpu_backward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dty
     # benchmarks/offline_compile.py --fused; the dkdv tiles spill there). Timed 2026-11-30 and
     # slower than the two passes at every shape, so one_pass stays off (BackwardConfig).
     if widest <= 64:
-        return BackwardConfig(TileConfig(32, 128, 4, 3), TileConfig(128, 64, 8, 3), dkdv_q_by_tma=True,
-                              fused_dkdv=TileConfig(64, 128, 8, 3))
+        short = _short_ok(rotary_table_bytes, dropout) and 0 < seqlen <= SHORT_BACKWARD_SEQLEN_64
+        dkdv = TileConfig(32, 64, 4, 3) if short and causal else TileConfig(32, 128, 4, 3)
+        dq_short = _short_ok(rotary_table_bytes, dropout) and (causal or short)  # above
+        return BackwardConfig(dkdv, TileConfig(64, 64, 4, 3) if dq_short else TileConfig(128, 64, 8, 3),
+                              dkdv_q_by_tma=True, fused_dkdv=TileConfig(64, 128, 8, 3))
     if widest <= 128 and not rotary_table_bytes:
         # hd96 with Q/K and V as 64 + 32 channels (results/tune-qk-split-2-h200-2026-11-30-b7e9319.json,
         # H16 N16k, whole backward): dQ 64x64 w4 s3 11.58 ms against 12.47 for 128x64 w8 s3.
