@@ -84,6 +84,23 @@ def test_specialisation_key_follows_what_triton_specialises_on():
     assert not any(isinstance(part, torch.Tensor) for part in key(x, 16, 5, 0.5, None, desc))
 
 
+def test_descriptors_equal_triton_s_checked_constructor():
+    """descriptors.py builds TensorDescriptors without triton's per-object checks (host time at
+    short sequences); what it builds must be what the checked constructor would, field for field."""
+    import dataclasses
+
+    from genoflash.ops.attention.descriptors import table_descriptor, tile_descriptor
+
+    t = torch.randn(2, 33, 6, 64, dtype=torch.float16)[:, :, 1:5]  # a head slice: strides of the parent
+    table = torch.randn(40, 16)
+    for got, ref in ((tile_descriptor(t, 16, 32), TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 16, 1, 32])),
+                     (table_descriptor(table, 64, 16), TensorDescriptor(table, [40, 16], [16, 1], [64, 16]))):
+        assert type(got) is TensorDescriptor
+        for field in dataclasses.fields(TensorDescriptor):
+            a, b = getattr(got, field.name), getattr(ref, field.name)
+            assert (a is b) if field.name == "base" else (a == b and type(a) is type(b)), field.name
+
+
 def test_launch_calls_the_cached_kernel_with_triton_s_arguments(fast):
     kernel = _kernel(["X", "n", "BLOCK", "TMA"])
     cfg = TileConfig(64, 32, 4, 3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 
@@ -319,6 +320,12 @@ def value_blocks(head_dim_v: int) -> tuple[int, int]:
     return channel_blocks(head_dim_v)
 
 
+# The rows are pure functions of their arguments (with no override set): looked up once per shape,
+# since the lookup runs on every attention call (host time that bounds short sequences).
+_gpu_forward_cached = functools.lru_cache(maxsize=1024)(_gpu_forward)
+_gpu_backward_cached = functools.lru_cache(maxsize=1024)(_gpu_backward)
+
+
 def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
                    device: torch.device, rotary_table_bytes: int = 0, dropout: bool = False,
                    seqlen: int = 0) -> TileConfig:
@@ -326,7 +333,8 @@ def forward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dt
         return _override["forward"]  # type: ignore[return-value]
     if device.type != "cuda" or triton_interpreted():
         return _INTERPRETER_FWD
-    return _gpu_forward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout, seqlen)
+    rule = _gpu_forward_cached if not _override else _gpu_forward  # overrides (split_channels) reach the rule
+    return rule(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout, seqlen)
 
 
 def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtype,
@@ -337,7 +345,8 @@ def backward_config(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.d
     elif device.type != "cuda" or triton_interpreted():
         cfg = _INTERPRETER_BWD
     else:
-        cfg = _gpu_backward(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout, seqlen)
+        rule = _gpu_backward_cached if not _override else _gpu_backward
+        cfg = rule(head_dim, head_dim_v, causal, dtype, rotary_table_bytes, dropout, seqlen)
     for flag in ("one_pass", "dq_rope_by_tma"):
         if flag in _override:
             cfg = dataclasses.replace(cfg, **{flag: _override[flag]})

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...backends import triton_interpreted
 
@@ -45,9 +46,25 @@ def use_tma(enabled: bool):
 def _aligned(t: torch.Tensor) -> bool:
     # The copy engine needs a 16-byte aligned base, 16-byte aligned strides (all but the
     # last) and a contiguous last dim.
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(s > 0 and (s * size) % 16 == 0 for s in t.stride()[:-1]))
+    size, strides = t.element_size(), t.stride()
+    if strides[-1] != 1 or t.data_ptr() % 16:
+        return False
+    for s in strides[:-1]:
+        if s <= 0 or (s * size) % 16:
+            return False
+    return True
+
+
+_major: dict[int | None, int] = {}  # CUDA device index -> compute capability major
+
+
+def _has_tma(device: torch.device) -> bool:
+    """Hopper or later. The capability is looked up once per device: torch's lookup costs a few
+    microseconds of host time, paid on every attention call at short sequences."""
+    major = _major.get(device.index)
+    if major is None:
+        major = _major[device.index] = torch.cuda.get_device_capability(device)[0]
+    return major >= 9
 
 
 def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:
@@ -55,9 +72,12 @@ def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:
         return False
     device = tensors[0].device
     if not triton_interpreted():
-        if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        if device.type != "cuda" or not _has_tma(device):
             return False
-    return all(t.dim() == 4 and _aligned(t) for t in tensors)
+    for t in tensors:
+        if t.dim() != 4 or not _aligned(t):
+            return False
+    return True
 
 
 def rope_tma_applies(varlen: bool, interleaved: bool, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -74,12 +94,22 @@ def rope_tma_applies(varlen: bool, interleaved: bool, cos: torch.Tensor | None, 
             and all(t.dim() == 2 and _aligned(t) for t in (cos, sin)))
 
 
+def _descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+    """triton's TensorDescriptor of the whole of t, built without its __post_init__ checks (a few
+    microseconds per descriptor, six to eight per fwd+bwd). What those checks assert holds by
+    construction here: every tensor given a descriptor passed `_aligned` (through tma_applies or
+    rope_tma_applies) or is a fresh contiguous allocation of the kernels' own (out, the dQ
+    accumulator); its sizes are >= 1 (the interface rejects empty inputs); the boxes are the tile
+    table's powers of two. tests/test_launch.py checks the result equals the checked constructor's."""
+    d = TensorDescriptor.__new__(TensorDescriptor)
+    d.__dict__.update(base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=block_shape, padding="zero")
+    return d
+
+
 def table_descriptor(t: torch.Tensor, block_rows: int, block_r: int):
     """Descriptor of a (seqlen, rotary_dim / 2) cos or sin table for (block_rows, block_r) boxes;
     columns past rotary_dim / 2 and rows past the table read as 0."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_rows, block_r])
+    return _descriptor(t, [block_rows, block_r])
 
 
 def key_descriptors(k: torch.Tensor, block_n: int, blocks: dict, rope: bool, rotary_dim: int,
@@ -100,6 +130,4 @@ def key_descriptors(k: torch.Tensor, block_n: int, blocks: dict, rope: bool, rot
 
 def tile_descriptor(t: torch.Tensor, block_rows: int, block_d: int):
     """Descriptor of a (batch, seqlen, heads, dim) tensor for (1, block_rows, 1, block_d) boxes."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, block_d])
+    return _descriptor(t, [1, block_rows, 1, block_d])

@@ -74,19 +74,41 @@ def _unspecialised_positions(kernel) -> tuple[int, ...] | None:
     return positions
 
 
-def _other_key(a):
-    """specialisation_key's entry for an argument that is not a plain tensor, descriptor, int,
-    float or None: tensor subclasses (nn.Parameter) as tensors, bools with their type; anything
-    else is not keyed (_UNKEYED)."""
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() & 15 == 0)
-    if type(a) is bool:  # apart from ints: True == 1, but triton types a bool u1 and makes a 1 a constexpr
-        return ("u1", a)
-    return _UNKEYED
+# (kernel, the arguments' types) -> _Layout, or None where an argument is of a kind the key does
+# not know (then triton binds as usual). Kernels are called with a handful of type patterns (a None
+# where a feature is off), so this stays small.
+_layouts: dict[tuple, "_Layout | None"] = {}
+_SCALARS = (int, float, bool, type(None))
 
 
-_UNKEYED = object()
-_SCALARS = (int, float, type(None))
+class _Layout:
+    """Where a launch's tensors, descriptors and do_not_specialize ints sit, found once per
+    (kernel, argument types): the key below then touches those positions alone and takes every
+    other argument (ints, floats, bools, None) as it is, at C speed."""
+
+    __slots__ = ("tensors", "descriptors", "unspecialised", "types")
+
+    def __init__(self, tensors, descriptors, unspecialised, types):
+        self.tensors, self.descriptors, self.unspecialised, self.types = tensors, descriptors, unspecialised, types
+
+
+def _layout(kernel, types: tuple) -> _Layout | None:
+    unspecialised = _unspecialised_positions(kernel)
+    if unspecialised is None:
+        return None
+    tensors, descriptors, normalised = [], [], []
+    for i, t in enumerate(types):
+        if issubclass(t, torch.Tensor):  # nn.Parameter and other subclasses bind as tensors
+            tensors.append(i)
+            t = torch.Tensor
+        elif t is TensorDescriptor:
+            descriptors.append(i)
+        elif t not in _SCALARS:
+            return None
+        normalised.append(t)
+    # The do_not_specialize ints (the dropout seed and offset) are keyed on their width alone.
+    unspecialised = tuple(i for i in unspecialised if i < len(types) and types[i] is int)
+    return _Layout(tuple(tensors), tuple(descriptors), unspecialised, tuple(normalised))
 
 
 def specialisation_key(kernel, args: tuple) -> tuple | None:
@@ -96,20 +118,29 @@ def specialisation_key(kernel, args: tuple) -> tuple | None:
     Tensors: dtype and 16-byte alignment of the data pointer. TMA descriptors: the dtype and box
     shape (the strides and shape are runtime values). Ints, floats, bools and None by value,
     which covers triton's int specialisations (== 1, divisible by 16, 32 or 64 bits), except the
-    do_not_specialize ints, keyed on their width alone. No tensor is held by the key."""
-    unspecialised = _unspecialised_positions(kernel)
-    if unspecialised is None:
+    do_not_specialize ints, keyed on their width alone. The argument types are part of the key
+    (True == 1 and 1.0 == 1 in Python, but triton types them u1, a constexpr 1 and fp32). No
+    tensor is held by the key."""
+    types = tuple(map(type, args))
+    layout = _layouts.get((kernel, types), _MISSING)
+    if layout is _MISSING:
+        layout = _layouts[(kernel, types)] = _layout(kernel, types)
+    if layout is None:
         return None
-    key = [(a.dtype, a.data_ptr() & 15 == 0) if type(a) is torch.Tensor
-           else (a.base.dtype, tuple(a.block_shape)) if type(a) is TensorDescriptor
-           else a if type(a) in _SCALARS else _other_key(a) for a in args]
-    if _UNKEYED in key:
-        return None
-    for i in unspecialised:
-        if i < len(args):
-            a = args[i]
-            key[i] = type(a) is int and _INT32[0] <= a < _INT32[1]
+    key = list(args)
+    for i in layout.tensors:
+        a = args[i]
+        key[i] = (a.dtype, a.data_ptr() & 15 == 0)
+    for i in layout.descriptors:
+        a = args[i]
+        key[i] = (a.base.dtype, tuple(a.block_shape))
+    for i in layout.unspecialised:
+        key[i] = _INT32[0] <= args[i] < _INT32[1]
+    key.append(layout.types)
     return tuple(key)
+
+
+_MISSING = object()
 
 
 def _remember(kernel, compiled, fast_key: tuple, nargs: int, constexprs: dict) -> None:
