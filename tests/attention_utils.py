@@ -10,8 +10,8 @@ import torch
 
 from genoflash.ops.attention.reference import attention_reference
 
-# The backward's two light passes (delta before it, the one-pass backward's dQ conversion) go
-# through launch() as the attention passes do; tests that watch the attention passes skip them.
+# The one-pass backward's two light passes (delta before it, its dQ conversion after) go through
+# launch() as the attention passes do; tests that watch the attention passes skip them.
 LIGHT_PASSES = frozenset({"_attn_bwd_preprocess_kernel", "_attn_bwd_dq_convert_kernel"})
 # eps, relative to the largest magnitude of the fp64 reference tensor (at least 1).
 EPS = {torch.float32: 1e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}

@@ -147,7 +147,40 @@ def test_default_is_the_deterministic_two_pass_backward(launches, device):
     q, k, v, dout = qkv((1, 65, 2, 32), (1, 65, 2, 32), 32, device)
     with genoflash.use_backend("triton"):
         outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c), q, k, v, dout)
-    assert launches == [("_attn_bwd_dkdv_kernel", False), ("_attn_bwd_dq_kernel", None)]
+    # The dQ pass first: it writes delta (rowsum(dO * O)), which the dK/dV pass then reads.
+    assert launches == [("_attn_bwd_dq_kernel", None), ("_attn_bwd_dkdv_kernel", False)]
+
+
+def test_delta_comes_from_the_dq_pass_or_from_its_own_pass_in_the_one_pass_backward(monkeypatch, device,
+                                                                                     poison_allocations):
+    """delta = rowsum(dO * O): the two-pass backward computes it in the dQ pass (launched first, with
+    COMPUTE_DELTA), with no light pass of its own; the one-pass backward has no dQ pass and keeps
+    the light pass. Outputs are NaN-poisoned, so a row whose delta is never written shows in dK."""
+    seen = []
+    real_launch = backward.launch
+
+    def spy(kernel, grid, cfg, *args, **kw):
+        seen.append((kernel.fn.__name__, kw.get("COMPUTE_DELTA")))
+        return real_launch(kernel, grid, cfg, *args, **kw)
+
+    monkeypatch.setattr(backward, "launch", spy)
+    torch.manual_seed(66)
+    q, k, v, dout = qkv((2, 77, 2, 40), (2, 129, 2, 40), 40, device)
+    grads = {}
+    for one_pass in (False, True):
+        seen.clear()
+        with genoflash.use_backend("triton"), override_configs(one_pass=one_pass, split_channels=True):
+            grads[one_pass] = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
+                a, b, c, causal=True, deterministic=False), q, k, v, dout)
+        names = [name for name, _ in seen]
+        if one_pass:
+            assert names == ["_attn_bwd_preprocess_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_convert_kernel"]
+        else:
+            assert seen == [("_attn_bwd_dq_kernel", True), ("_attn_bwd_dkdv_kernel", None)]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), grads[False], grads[True]):
+        assert not torch.isnan(a).any() and not torch.isnan(b).any(), name
+        scale = a.float().abs().max().item()
+        assert (a.float() - b.float()).abs().max().item() <= 1e-2 * scale, name
 
 
 def test_deterministic_false_takes_the_one_pass_backward_only_where_the_table_says(monkeypatch, device):
@@ -170,5 +203,5 @@ def test_deterministic_false_takes_the_one_pass_backward_only_where_the_table_sa
         with genoflash.use_backend("triton"):
             outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, deterministic=det), q, k, v, dout)
         runs[det] = list(seen)
-    assert [name for name, _, _ in runs[False]] == ["_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"]
+    assert [name for name, _, _ in runs[False]] == ["_attn_bwd_dq_kernel", "_attn_bwd_dkdv_kernel"]
     assert runs[False] == runs[True]

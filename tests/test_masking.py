@@ -312,7 +312,7 @@ def test_dkdv_pass_masking_every_tile(seqlen_q, seqlen_k, features, device, monk
         with genoflash.use_backend("triton"), override_configs(TileConfig(32, 16), bwd):
             runs[every_tile] = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features),
                                                  q, k, v, dout)
-    assert seen == [True, None, False, None]  # dK/dV (edges only, then every tile), then dQ
+    assert seen == [None, True, None, False]  # dQ (it writes delta), then dK/dV: edges only, then every tile
     for name, a, b in zip(["out", "dq", "dk", "dv"], runs[False], runs[True]):
         assert torch.equal(a, b), name
     ref_features = {n: x for n, x in features.items() if not n.startswith("dropout")}

@@ -1,13 +1,16 @@
 """FlashAttention backward in Triton: recompute P tile by tile, never store it.
 
-Three launches, none of which holds a seqlen_q x seqlen_k tensor:
-1. preprocess: delta_i = rowsum(dO_i * O_i), one fp32 per query row;
+Two launches, neither of which holds a seqlen_q x seqlen_k tensor:
+1. dQ: each program owns one query tile and streams the key tiles it sees. Before its loop it
+   also writes delta_i = rowsum(dO_i * O_i), one fp32 per query row of its tile, which pass 2
+   reads (a light pass of its own until 2026-12-01: one launch more per backward);
 2. dK/dV: each program owns one key tile of one K/V head and streams the query tiles
-   (of every query head in its GQA group) that see it;
-3. dQ: each program owns one query tile and streams the key tiles it sees.
+   (of every query head in its GQA group) that see it.
 
 Every output element is written by exactly one program, with no atomics, so the
-backward is bit-for-bit deterministic. The price is recomputing P once more in pass 3.
+backward is bit-for-bit deterministic. The price is recomputing P in both passes.
+(deterministic=False allows the one-pass form below, where the dK/dV pass also sums dQ with
+atomics; delta then comes from the light pass `_attn_bwd_preprocess_kernel`.)
 
 With s = q.k, P = exp(score(s) - lse) where score = scale*s (softcapped, plus ALiBi),
 dP = dO.V^T and dS = P * (dP - delta) the gradient w.r.t. the score:
@@ -41,7 +44,7 @@ from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _
                     _load_tile_tma_at, _row_ptr, _store_tile)
 
 
-# The two light passes (delta before the backward, the one-pass backward's dQ conversion) launch
+# The one-pass backward's two light passes (delta before it, its dQ conversion after) launch
 # with triton's defaults (4 warps, 3 stages; they have no loop to pipeline). Their row block comes
 # as the BLOCK_M constexpr, so the config's block sizes are unused.
 _LIGHT_PASS_TILES = TileConfig(block_m=0, block_n=0, num_warps=4, num_stages=3)
@@ -383,11 +386,12 @@ def _attn_bwd_dq_tiles(dqa, dqb, dqp, dqt, qa, qb, qp, qt, do, do_t, lse2, delta
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc, kp_desc,
+    Q, K, V, O, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, k_desc, v_desc, kp_desc,
     cos_desc, sin_desc, vt_desc, kt_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
     stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
@@ -401,6 +405,7 @@ def _attn_bwd_dq_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
+    COMPUTE_DELTA: tl.constexpr,
 ):
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
     q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
@@ -428,7 +433,21 @@ def _attn_bwd_dq_kernel(
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     lse2 = _lse_for_recompute(tl.load(lse_ptr + offs_m, mask=in_rows, other=float("-inf")))
-    delta = tl.load(delta_ptr + offs_m, mask=in_rows, other=0.0)
+    if COMPUTE_DELTA:
+        # delta = rowsum(dO * O), the softmax backward's correction term, here where this tile's dO is
+        # on chip already; every query row of every head belongs to exactly one dQ program, so each
+        # row's delta is written once, and the dK/dV pass (launched after this one) reads it. This
+        # replaces a light pass of its own: one launch fewer per backward, and dO read once less.
+        o_row = _row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om)
+        o = _load_tile(o_row, offs_m, seqlen_q - start_m, stride_om, offs_dv, DV_MAIN, BLOCK_DV, True)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        if BLOCK_DVT > 0:
+            o_t = _load_tile(o_row + BLOCK_DV, offs_m, seqlen_q - start_m, stride_om, offs_dvt,
+                             HEAD_DIM_V - BLOCK_DV, BLOCK_DVT, True)
+            delta += tl.sum(o_t.to(tl.float32) * do_t.to(tl.float32), 1)
+        tl.store(delta_ptr + offs_m, delta, mask=in_rows)
+    else:
+        delta = tl.load(delta_ptr + offs_m, mask=in_rows, other=0.0)
     k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
     v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
     slope_raw = 0.0
@@ -536,14 +555,19 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     scalars, constexprs = feature_args(q, a)
     stride_lse_b, stride_lse_h = (0, lse.stride(0)) if a.varlen else (lse.stride(0), lse.stride(1))
 
+    # delta = rowsum(dO * O) for every query row. The two-pass backward computes it in the dQ pass,
+    # which then runs first; the one-pass backward (no dQ pass) in a light pass of its own.
     delta = torch.empty_like(lse)
-    num_m_pre = cdiv(seqlen_q, cfg.preprocess_block)
-    # Through launch(), as every pass: its fast path skips triton's binder on repeated calls.
-    launch(_attn_bwd_preprocess_kernel, (num_m_pre * batch * nheads,), _LIGHT_PASS_TILES,
-        out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
-        stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
-        HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v), BLOCK_M=cfg.preprocess_block, IS_VARLEN=a.varlen,
-    )
+    fused = not a.deterministic and cfg.one_pass
+    if fused:
+        num_m_pre = cdiv(seqlen_q, cfg.preprocess_block)
+        # Through launch(), as every pass: its fast path skips triton's binder on repeated calls.
+        launch(_attn_bwd_preprocess_kernel, (num_m_pre * batch * nheads,), _LIGHT_PASS_TILES,
+            out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
+            stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
+            HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v), BLOCK_M=cfg.preprocess_block,
+            IS_VARLEN=a.varlen,
+        )
 
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -561,7 +585,6 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
                   **constexprs)
     # The one-pass backward (deterministic=False where the tile table takes it; below) keeps Q on
     # pointer loads in its dK/dV pass.
-    fused = not a.deterministic and cfg.one_pass
     dkdv_tma = tma and cfg.dkdv_q_by_tma and not fused
     # dQ pass: K, V, then K's pass-through and cos/sin (RoPE), then V's second channel group and
     # K's tail group t (rotary.py)
@@ -575,6 +598,18 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
                                                        a.rotary_cos, a.rotary_sin)
         dq_descs = [k_desc, tile_descriptor(v, cfg.dq.block_n, block_dv), *rope_descs,
                     tile_descriptor(v, cfg.dq.block_n, block_dvt) if block_dvt else None, kt_desc]
+
+    if not fused:  # the dQ pass first: it writes delta, which the dK/dV pass reads
+        num_m_blocks = cdiv(seqlen_q, cfg.dq.block_m)
+        launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,
+            q, k, v, out, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
+            *dq_descs, *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
+            *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b,
+            stride_lse_h, stride_alibi_b, a.rotary_stride,
+            nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
+            BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only,
+            **{**shared, "TMA": tma or rope_tma}, COMPUTE_DELTA=True,
+        )
 
     # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
     # accumulator (5 matmuls in all instead of 7: no dQ pass recomputing P and dP), and a light
@@ -626,16 +661,4 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
             HEAD_DIM=head_dim, **blocks, BLOCK_M=block, IS_VARLEN=a.varlen, ROTARY_DIM=a.rotary_dim,
             ROTARY_INTERLEAVED=a.rotary_interleaved,
         )
-        return dq, dk, dv
-
-    num_m_blocks = cdiv(seqlen_q, cfg.dq.block_m)
-    launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,
-        q, k, v, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin, *dq_descs,
-        *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
-        *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b,
-        a.rotary_stride,
-        nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
-        BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only,
-        **{**shared, "TMA": tma or rope_tma},
-    )
     return dq, dk, dv
