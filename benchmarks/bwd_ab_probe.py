@@ -46,6 +46,9 @@ SHAPES = [
     ("B2 H8 N8k hd256 causal", 2, 8, 8192, 256, 256, True, None, None),
     ("B16 H8 N1k hd256 causal", 16, 8, 1024, 256, 256, True, None, None),
     ("H8 N16k hd256 window 2048", 1, 8, 16384, 256, 256, False, 2048, None),
+    # The papers' sweep at N = 512 (B x N = 16k, hidden 2048)
+    ("B32 H32 N512 hd64 causal", 32, 32, 512, 64, 64, True, None, None),
+    ("B32 H16 N512 hd128", 32, 16, 512, 128, 128, False, None, None),
 ]
 
 
@@ -53,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--baseline-commit", default="unknown")
-    ap.add_argument("--only", help="run the shapes whose name contains this")
+    ap.add_argument("--only", help="run the shapes whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     variants = {"working tree": attention_backward}
     try:
@@ -63,7 +66,7 @@ def main() -> None:
         print(f"no baseline ({exc}): timing the working tree alone")
     rows = []
     for name, b, h, n, d, dv, causal, window, extra in SHAPES:
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         torch.manual_seed(0)
         q, k = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
