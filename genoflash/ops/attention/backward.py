@@ -51,6 +51,14 @@ _LIGHT_PASS_TILES = TileConfig(block_m=0, block_n=0, num_warps=4, num_stages=3)
 
 
 @triton.jit
+def _rowsum_o_do(o_row, do, offs_m, n_rows, stride_om, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One channel group's share of delta = rowsum(O * dO), in float32: O's tile is loaded here,
+    dO's is on chip already (the dQ pass holds it for its whole key loop)."""
+    o = _load_tile(o_row, offs_m, n_rows, stride_om, offs_d, HEAD_DIM, BLOCK_D, True)
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+
+
+@triton.jit
 def _attn_bwd_preprocess_kernel(
     O, DO, DELTA, CU_SEQLENS_Q,
     stride_ob, stride_om, stride_oh,
@@ -66,11 +74,10 @@ def _attn_bwd_preprocess_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
     row = q_start + start_m
-    o = _load_tile(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om), offs_m,
-                   seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
     do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
                     seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    delta = _rowsum_o_do(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om), do, offs_m,
+                         seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV)
     delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_delta_b, stride_delta_h), row, 1)
     tl.store(delta_ptr + offs_m, delta, mask=offs_m < seqlen_q - start_m)
 
@@ -439,12 +446,10 @@ def _attn_bwd_dq_kernel(
         # row's delta is written once, and the dK/dV pass (launched after this one) reads it. This
         # replaces a light pass of its own: one launch fewer per backward, and dO read once less.
         o_row = _row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om)
-        o = _load_tile(o_row, offs_m, seqlen_q - start_m, stride_om, offs_dv, DV_MAIN, BLOCK_DV, True)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        delta = _rowsum_o_do(o_row, do, offs_m, seqlen_q - start_m, stride_om, offs_dv, DV_MAIN, BLOCK_DV)
         if BLOCK_DVT > 0:
-            o_t = _load_tile(o_row + BLOCK_DV, offs_m, seqlen_q - start_m, stride_om, offs_dvt,
-                             HEAD_DIM_V - BLOCK_DV, BLOCK_DVT, True)
-            delta += tl.sum(o_t.to(tl.float32) * do_t.to(tl.float32), 1)
+            delta += _rowsum_o_do(o_row + BLOCK_DV, do_t, offs_m, seqlen_q - start_m, stride_om, offs_dvt,
+                                  HEAD_DIM_V - BLOCK_DV, BLOCK_DVT)
         tl.store(delta_ptr + offs_m, delta, mask=in_rows)
     else:
         delta = tl.load(delta_ptr + offs_m, mask=in_rows, other=0.0)
