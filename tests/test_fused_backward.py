@@ -26,21 +26,33 @@ DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
 pytestmark = pytest.mark.usefixtures("poison_allocations")
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """Names of the backward's kernels launched, with their FUSED_DQ switch; dq_tma_launches gets
-    their DQ_TMA switches (dQ by TMA bulk reductions)."""
+def spy_backward_launches(monkeypatch, record, light_passes=False):
+    """Watch the backward's launches: record(kernel name, constexprs) for each (the light passes
+    only with light_passes=True); its non-None results are collected in the returned list."""
     seen = []
     real_launch = backward.launch
 
     def spy(kernel, grid, cfg, *args, **constexprs):
-        if kernel.fn.__name__ not in LIGHT_PASSES:
-            seen.append((kernel.fn.__name__, constexprs.get("FUSED_DQ")))
-            dq_tma_launches.append(constexprs.get("DQ_TMA"))
+        if light_passes or kernel.fn.__name__ not in LIGHT_PASSES:
+            item = record(kernel.fn.__name__, constexprs)
+            if item is not None:
+                seen.append(item)
         return real_launch(kernel, grid, cfg, *args, **constexprs)
 
-    dq_tma_launches.clear()
     monkeypatch.setattr(backward, "launch", spy)
+    return seen
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Names of the backward's kernels launched, with their FUSED_DQ switch; dq_tma_launches gets
+    their DQ_TMA switches (dQ by TMA bulk reductions)."""
+    def record(name, constexprs):
+        dq_tma_launches.append(constexprs.get("DQ_TMA"))
+        return name, constexprs.get("FUSED_DQ")
+
+    dq_tma_launches.clear()
+    seen = spy_backward_launches(monkeypatch, record)
     with override_configs(one_pass=True):
         yield seen
 
@@ -151,19 +163,11 @@ def test_default_is_the_deterministic_two_pass_backward(launches, device):
     assert launches == [("_attn_bwd_dq_kernel", None), ("_attn_bwd_dkdv_kernel", False)]
 
 
-def test_delta_comes_from_the_dq_pass_or_from_its_own_pass_in_the_one_pass_backward(monkeypatch, device,
-                                                                                     poison_allocations):
+def test_delta_comes_from_the_dq_pass_or_from_its_own_pass_in_the_one_pass_backward(monkeypatch, device):
     """delta = rowsum(dO * O): the two-pass backward computes it in the dQ pass (launched first, with
     COMPUTE_DELTA), with no light pass of its own; the one-pass backward has no dQ pass and keeps
     the light pass. Outputs are NaN-poisoned, so a row whose delta is never written shows in dK."""
-    seen = []
-    real_launch = backward.launch
-
-    def spy(kernel, grid, cfg, *args, **kw):
-        seen.append((kernel.fn.__name__, kw.get("COMPUTE_DELTA")))
-        return real_launch(kernel, grid, cfg, *args, **kw)
-
-    monkeypatch.setattr(backward, "launch", spy)
+    seen = spy_backward_launches(monkeypatch, lambda name, kw: (name, kw.get("COMPUTE_DELTA")), light_passes=True)
     torch.manual_seed(66)
     q, k, v, dout = qkv((2, 77, 2, 40), (2, 129, 2, 40), 40, device)
     grads = {}
@@ -186,15 +190,7 @@ def test_delta_comes_from_the_dq_pass_or_from_its_own_pass_in_the_one_pass_backw
 def test_deterministic_false_takes_the_one_pass_backward_only_where_the_table_says(monkeypatch, device):
     """No tile table entry takes the one-pass backward (slower on the H200), so deterministic=False
     runs the two passes, whose Q-by-TMA choice in dK/dV stays the deterministic one's."""
-    seen = []
-    real_launch = backward.launch
-
-    def spy(kernel, grid, cfg, *args, **kw):
-        if kernel.fn.__name__ not in LIGHT_PASSES:
-            seen.append((kernel.fn.__name__, kw.get("FUSED_DQ"), kw.get("TMA")))
-        return real_launch(kernel, grid, cfg, *args, **kw)
-
-    monkeypatch.setattr(backward, "launch", spy)
+    seen = spy_backward_launches(monkeypatch, lambda name, kw: (name, kw.get("FUSED_DQ"), kw.get("TMA")))
     torch.manual_seed(65)
     q, k, v, dout = qkv((1, 65, 2, 32), (1, 65, 2, 32), 32, device)
     runs = {}
