@@ -84,13 +84,21 @@ def test_specialisation_key_follows_what_triton_specialises_on():
     assert not any(isinstance(part, torch.Tensor) for part in key(x, 16, 5, 0.5, None, desc))
 
 
-def test_descriptors_equal_triton_s_checked_constructor():
+@pytest.mark.parametrize("unchecked", [True, False])
+def test_descriptors_equal_triton_s_checked_constructor(unchecked, monkeypatch):
     """descriptors.py builds TensorDescriptors without triton's per-object checks (host time at
-    short sequences); what it builds must be what the checked constructor would, field for field."""
+    short sequences) where triton's TensorDescriptor has the fields it knows; what it builds must
+    be what the checked constructor would, field for field, either way."""
     import dataclasses
 
+    from genoflash.ops.attention import descriptors
     from genoflash.ops.attention.descriptors import table_descriptor, tile_descriptor
 
+    import triton
+
+    if triton.__version__.startswith("3.6."):  # the version the project pins: the fast form is in use
+        assert descriptors._UNCHECKED_DESCRIPTORS
+    monkeypatch.setattr(descriptors, "_UNCHECKED_DESCRIPTORS", unchecked)
     t = torch.randn(2, 33, 6, 64, dtype=torch.float16)[:, :, 1:5]  # a head slice: strides of the parent
     table = torch.randn(40, 16)
     for got, ref in ((tile_descriptor(t, 16, 32), TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 16, 1, 32])),

@@ -20,6 +20,7 @@ run this path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -100,10 +101,19 @@ def _descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
     construction here: every tensor given a descriptor passed `_aligned` (through tma_applies or
     rope_tma_applies) or is a fresh contiguous allocation of the kernels' own (out, the dQ
     accumulator); its sizes are >= 1 (the interface rejects empty inputs); the boxes are the tile
-    table's powers of two. tests/test_launch.py checks the result equals the checked constructor's."""
+    table's powers of two. tests/test_launch.py checks the result equals the checked constructor's.
+    A triton whose TensorDescriptor has other fields (pyproject allows >= 3.2) gets the checked one."""
+    if not _UNCHECKED_DESCRIPTORS:
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block_shape)
     d = TensorDescriptor.__new__(TensorDescriptor)
     d.__dict__.update(base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=block_shape, padding="zero")
     return d
+
+
+# The fields _descriptor fills (triton 3.6); with any other set it takes the checked constructor.
+_UNCHECKED_DESCRIPTORS = (dataclasses.is_dataclass(TensorDescriptor) and not hasattr(TensorDescriptor, "__slots__")
+                          and {f.name for f in dataclasses.fields(TensorDescriptor)}
+                          == {"base", "shape", "strides", "block_shape", "padding"})
 
 
 def table_descriptor(t: torch.Tensor, block_rows: int, block_r: int):
