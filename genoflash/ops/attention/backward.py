@@ -412,7 +412,6 @@ def _attn_bwd_dq_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, HEAVY_LAST: tl.constexpr, TMA: tl.constexpr,
-    COMPUTE_DELTA: tl.constexpr,
 ):
     start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, HEAVY_LAST)
     q_start, seqlen_q, k_start, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q,
@@ -440,19 +439,16 @@ def _attn_bwd_dq_kernel(
     lse_ptr = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), row, 1)
     lse2 = _lse_for_recompute(tl.load(lse_ptr + offs_m, mask=in_rows, other=float("-inf")))
-    if COMPUTE_DELTA:
-        # delta = rowsum(dO * O), the softmax backward's correction term, here where this tile's dO is
-        # on chip already; every query row of every head belongs to exactly one dQ program, so each
-        # row's delta is written once, and the dK/dV pass (launched after this one) reads it. This
-        # replaces a light pass of its own: one launch fewer per backward, and dO read once less.
-        o_row = _row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om)
-        delta = _rowsum_o_do(o_row, do, offs_m, seqlen_q - start_m, stride_om, offs_dv, DV_MAIN, BLOCK_DV)
-        if BLOCK_DVT > 0:
-            delta += _rowsum_o_do(o_row + BLOCK_DV, do_t, offs_m, seqlen_q - start_m, stride_om, offs_dvt,
-                                  HEAD_DIM_V - BLOCK_DV, BLOCK_DVT)
-        tl.store(delta_ptr + offs_m, delta, mask=in_rows)
-    else:
-        delta = tl.load(delta_ptr + offs_m, mask=in_rows, other=0.0)
+    # delta = rowsum(dO * O), the softmax backward's correction term, here where this tile's dO is on
+    # chip already; every query row of every head belongs to exactly one dQ program, so each row's
+    # delta is written once, and the dK/dV pass (launched after this one) reads it. This replaces a
+    # light pass of its own: one launch fewer per backward, and dO read once less.
+    o_row = _row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om)
+    delta = _rowsum_o_do(o_row, do, offs_m, seqlen_q - start_m, stride_om, offs_dv, DV_MAIN, BLOCK_DV)
+    if BLOCK_DVT > 0:
+        delta += _rowsum_o_do(o_row + BLOCK_DV, do_t, offs_m, seqlen_q - start_m, stride_om, offs_dvt,
+                              HEAD_DIM_V - BLOCK_DV, BLOCK_DVT)
+    tl.store(delta_ptr + offs_m, delta, mask=in_rows)
     k_base = _row_ptr(_head_base(K, off_b, off_hk, stride_kb, stride_kh), k_start, stride_kn)
     v_base = _row_ptr(_head_base(V, off_b, off_hk, stride_vb, stride_vh), k_start, stride_vn)
     slope_raw = 0.0
@@ -613,7 +609,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
             stride_lse_h, stride_alibi_b, a.rotary_stride,
             nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
             BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only,
-            **{**shared, "TMA": tma or rope_tma}, COMPUTE_DELTA=True,
+            **{**shared, "TMA": tma or rope_tma},
         )
 
     # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
