@@ -181,6 +181,8 @@ def main(argv):
     parser.add_argument("--fused-dkdv", help="BM,BN,WARPS,STAGES of the fused dK/dV pass")
     parser.add_argument("--dq-rope-tma", action="store_true",
                         help="RoPE: the dQ pass takes K's halves and the tables by TMA (BackwardConfig.dq_rope_by_tma)")
+    parser.add_argument("--sm90-backward", action="store_true",
+                        help="deterministic=False through the Gluon one-pass backward (backward_sm90.py)")
     parser.add_argument("--sass", help="directory: write each kernel's SASS there and print its opcode counts")
     parser.add_argument("--key-chunk", type=int,
                         help="the forward over chunks of this many keys (configs.forward_key_chunk): its launches")
@@ -261,6 +263,11 @@ def main(argv):
     bwd = None
     if args.fused:
         kw["deterministic"] = False
+    if args.sm90_backward:  # the GPU's dispatch, with the device check left out
+        from genoflash.ops.attention import backward_sm90
+        kw["deterministic"] = False
+        backward_sm90.applies = lambda q, k, v, dout, out, a: not a.deterministic and backward_sm90.supports(
+            q, k, v, dout, out, a)
     if args.dkdv or args.dq or args.fused_dkdv:
         gpu_default = bwd_cfg(d, dv, False, dtype, gpu, 4 if case in ("rope", "rope-dropout") else 2 if "rope" in case else 0,
                               "dropout" in case)
@@ -286,7 +293,8 @@ def main(argv):
                           cfg.num_warps, cfg.num_stages)
     seen: dict[str, int] = {}
     for name, warps, stages, kernel in COMPILED:
-        if name in ("_attn_bwd_preprocess_kernel", "_attn_bwd_dq_convert_kernel"):
+        if name in ("_attn_bwd_preprocess_kernel", "_attn_bwd_dq_convert_kernel", "_bwd_sm90_prologue_kernel",
+                    "_bwd_sm90_dq_kernel"):
             continue
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:  # another variant of the same kernel (probe: tma, then tma+lazy)

@@ -111,8 +111,10 @@ def test_deterministic_backward(device):
     torch.manual_seed(2)
     q, k, v, dout = random_qkv(2, 300, 257, 2, 64, torch.float16, device)
     with genoflash.use_backend("triton"):
-        first = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
-        second = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
+        first = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True, deterministic=True),
+                                  q, k, v, dout)
+        second = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True, deterministic=True),
+                                   q, k, v, dout)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
@@ -163,7 +165,9 @@ def test_tma_descriptor_and_pointer_loads(tma, causal, seqlen_q, seqlen_k, headd
     # Q by TMA in the dK/dV pass too (the tile config's choice; off at hd128 on the GPU).
     bwd = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64, dkdv_q_by_tma=True)
     with genoflash.use_backend("triton"), use_tma(tma), override_configs(backward=bwd):
-        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal), q, k, v, dout)
+        # deterministic: the triton passes (the Gluon backward, all TMA, is tested in test_attention_sm90.py)
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal, deterministic=True),
+                                q, k, v, dout)
     hopper = device.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
     assert seen == [tma and hopper and not misaligned] * 3
 

@@ -219,7 +219,8 @@ def _nccl_worker(rank, init_file):
                                                                           rotary_sin=sin), q, k, v, dout)
             # The same rotation as the ring's (genoflash's rotary pass), so that the two agree bit for bit.
             single = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(
-                genoflash.apply_rotary_emb(a, cos, sin), genoflash.apply_rotary_emb(b, cos, sin), c, causal=causal),
+                genoflash.apply_rotary_emb(a, cos, sin), genoflash.apply_rotary_emb(b, cos, sin), c, causal=causal,
+                deterministic=True),
                 q, k, v, dout)
             for name, x, y in zip(("out", "dq", "dk", "dv"), ring, single):
                 assert torch.equal(x, y), f"{name} (causal={causal}) differs from single-device attention"

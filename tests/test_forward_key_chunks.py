@@ -66,7 +66,8 @@ def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k,
     for chunk in (0, 64):  # 0: one launch; 64 keys: two of the interpreter's 32-key tiles per launch (one GPU tile)
         launches.clear()
         with genoflash.use_backend("triton"), override_configs(key_chunk=chunk):
-            out, lse = genoflash.flash_attn_func(q, k, v, **kwargs)
+            # deterministic: bit-for-bit gradients from both runs (dQ summed in no fixed order would not be)
+            out, lse = genoflash.flash_attn_func(q, k, v, deterministic=True, **kwargs)
             grads = torch.autograd.grad(out, [q, k, v], dout)
         runs.append([out, lse, *grads])
         if chunk == 0:

@@ -80,25 +80,32 @@ def test_unequal_long_lengths():
     check_sampled_rows(q, k, v, causal=True)
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["two-pass", "one-pass"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_tensors_past_2_31_elements(causal):
+def test_tensors_past_2_31_elements(causal, deterministic):
     """batch 65 x 16 heads x 16,384 x 128 = 2.18e9 elements: the last batch element starts past
     element 2^31. It must equal the same element computed alone, bit for bit, in every output
-    and gradient (the per-head computation does not depend on the batch size)."""
+    and gradient (the per-head computation does not depend on the batch size). With
+    deterministic=False (on an H200 the Gluon backward, whose dQ is summed in no fixed order) dQ
+    may differ in its last bits, and nothing else may."""
     torch.manual_seed(8)
     shape = (65, 16384, 16, 128)
     assert shape[0] * shape[1] * shape[2] * shape[3] > 2**31
     q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     qg, kg, vg = (t.requires_grad_() for t in (q, k, v))
-    out = genoflash.flash_attn_func(qg, kg, vg, causal=causal)
+    out = genoflash.flash_attn_func(qg, kg, vg, causal=causal, deterministic=deterministic)
     big = (out[-1:].clone(), *(g[-1:].clone() for g in torch.autograd.grad(out, (qg, kg, vg), dout)))
     del out
     torch.cuda.empty_cache()
     q1, k1, v1 = (t[-1:].detach().clone().requires_grad_() for t in (q, k, v))
-    out1 = genoflash.flash_attn_func(q1, k1, v1, causal=causal)
+    out1 = genoflash.flash_attn_func(q1, k1, v1, causal=causal, deterministic=deterministic)
     alone = (out1, *torch.autograd.grad(out1, (q1, k1, v1), dout[-1:]))
     for name, a, b in zip(("out", "dq", "dk", "dv"), big, alone):
-        assert torch.equal(a, b), f"{name} of the last batch element differs past 2^31"
+        if name == "dq" and not deterministic:  # one rounding of a float32 sum to bf16: 2 ulp at most
+            tol = 2 * 2.0 ** -8 * b.float().abs().max().item()
+            assert (a.float() - b.float()).abs().max().item() <= tol, "dq of the last batch element differs past 2^31"
+        else:
+            assert torch.equal(a, b), f"{name} of the last batch element differs past 2^31"
     check_sampled_rows(q1.detach(), k1.detach(), v1.detach(), causal, n_rows=64)
 
 

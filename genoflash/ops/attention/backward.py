@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from ..host import cdiv
+from . import backward_sm90
 from .block_info import _kv_block_range, _q_block_range
 from .configs import TileConfig, backward_config, dkdv_group_split, value_blocks
 from .launch import launch
@@ -546,6 +547,8 @@ def _attn_bwd_dq_convert_kernel(
 
 def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     """Returns (dq, dk, dv) in the dtypes and layouts of q, k, v. All inputs have a contiguous last dim."""
+    if backward_sm90.applies(q, k, v, dout, out, a):  # Hopper, deterministic=False: one pass, in Gluon
+        return backward_sm90.attention_backward_sm90(dout, q, k, v, out, lse, a)
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     kv_group = nheads // nheads_k

@@ -334,7 +334,7 @@ def flash_attn_func(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
-    deterministic: bool = True,
+    deterministic: bool = False,
     return_attn_probs: bool = False,
     *,
     return_lse: bool = False,
@@ -369,13 +369,15 @@ def flash_attn_func(
             `genoflash.rotary_tables`; q and k are rotated inside the kernels (key j at position j,
             query i at i + seqlen_k - seqlen_q), the first rotary_dim channels of each head.
         rotary_interleaved: GPT-J pairs (2m, 2m+1) instead of NeoX halves (m, m + rotary_dim/2).
-        deterministic: True (the default): the triton backward writes every gradient element
-            from one program, without atomics, so two backward passes are bitwise equal. False
-            allows a one-pass backward where the dK/dV pass also sums dQ in float32 (atomics or
-            TMA reductions) and the dQ pass (which recomputes P and dP) is skipped; its results
-            vary in the last bits from run to run. The tile table (configs.py) takes it only
-            where it was measured faster, and on the H200 it never was, so there False runs the
-            same two passes as True. The torch and reference backends are deterministic either way.
+        deterministic: False (the default, as in flash-attn) allows a backward whose dQ is a float32
+            sum in no fixed order, so two backward passes may differ in the last bits. On an H200
+            (sm_90) the backward of 16-bit attention with head dim 64 or 128, fixed lengths, full
+            or causal, without dropout, RoPE, ALiBi or softcap, then runs as one pass in Gluon
+            (ops/attention/backward_sm90.py); everything else, and True everywhere, runs the two
+            triton passes, which write every gradient element from one program, without atomics,
+            so that two backward passes are bitwise equal. (The triton one-pass form, with dQ
+            summed in its dK/dV pass, is taken only where the tile table says so: nowhere on the
+            H200, where it was slower.) The torch and reference backends are deterministic either way.
         return_attn_probs: flash-attn's testing output: returns (out, lse, None); the attention
             probabilities themselves are never materialised.
         return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
@@ -406,7 +408,7 @@ def flash_attn_varlen_func(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
-    deterministic: bool = True,
+    deterministic: bool = False,
     return_attn_probs: bool = False,
     *,
     return_lse: bool = False,

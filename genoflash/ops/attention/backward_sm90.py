@@ -1,0 +1,402 @@
+"""The one-pass backward for Hopper, in Gluon (Triton's explicit-layout dialect).
+
+Why a second backward: the triton backward (backward.py) runs two passes and 7 matmuls per
+visible tile pair, where a one-pass backward runs 5 (S, dP, dV, dK and this pair's share of dQ,
+summed in float32). Written in plain Triton the one-pass form was slower than the two passes
+(benchmarks/NOTES.md, sixth and eighteenth sessions): the compiler waits for each matmul before
+the next and cannot overlap the softmax work, the dQ reductions and the loads. Gluon lets the
+kernel say what overlaps: every wgmma is issued asynchronously and waited for only where its
+result is read, and the work is split between warps (warp specialisation):
+
+- 8 compute warps (two warpgroups, 240 registers each thread): the matmuls and the softmax work;
+- 1 load warp: K and V once, then each step's Q, dO, lse2 and delta by TMA, into two buffers;
+- 1 dQ warp: each step's dQ share, left in shared memory, goes to a float32 accumulator as one
+  bulk reduction by the copy engine (cp.reduce.async.bulk). Per-element atomics from the compute
+  warps cost 28% more time (NOTES.md, nineteenth session).
+
+One program owns BLOCK_N keys of one K/V head (dK and dV stay in registers) and streams the
+query tiles that see them, of every query head in its GQA group. Per query tile, with the keys
+as rows (so that P^T and dS^T are the left operands of dV and dK, straight from registers):
+
+    S^T = K Q^T,  dP^T = V dO^T,  P^T = exp2(S^T * scale * log2(e) - lse2),
+    dV += P^T dO,  dS^T = P^T (dP^T - delta),  dK += dS^T Q,  dQ += dS K  (float32, by the dQ warp)
+
+The two warpgroups each own BLOCK_N / 2 keys; the dQ matmul contracts over all BLOCK_N keys, so
+dS^T goes through shared memory and the compute warps meet at two barriers per query tile. Two
+light triton passes surround the kernel: delta = rowsum(O * dO) and lse2 before (with the dQ
+accumulator zeroed), dQ's scaling and cast after.
+
+Taken where it applies (`applies`): sm_90, 16-bit, head dim 128 (Q/K and V alike), fixed lengths,
+full or causal attention without dropout, RoPE, ALiBi, softcap or window, TMA-aligned tensors,
+and deterministic=False (the copy engine sums dQ in no fixed order). Everything else runs
+backward.py. Not under the Triton interpreter (it has no Gluon): CPU tests check the dispatch
+rule and compile the kernel for sm_90 (tests/test_sm90_compile.py); the GPU tests run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ...backends import triton_interpreted
+from ..host import cdiv
+from .args import AttentionArgs
+from . import descriptors
+from .descriptors import _aligned
+from .softmax import LOG2E, LOG2E_HOST
+
+# head dim -> (query rows per step, keys per program: two warpgroups of BLOCK_N / 2). Head dim 64
+# compiles and is correct, but measured slower than the two triton passes (16.5 against 15.8 ms at
+# H32 N16k; NOTES.md, nineteenth session), so it runs those.
+TILES = {128: (64, 128)}
+NUM_BUF = 2  # query tiles in flight (Q, dO, lse2, delta)
+STAT_PAD = 128  # lse2 / delta rows are padded to this, so that every TMA box lies inside
+
+
+@triton.jit
+def _bwd_sm90_prologue_kernel(OUT, DOUT, LSE, DELTA, LSE2, DQ_ACCUM, stride_ob, stride_om, stride_oh, stride_dob,
+                              stride_dom, stride_doh, stride_lse_b, stride_lse_h, nheads, seqlen_q, seqlen_pad,
+                              HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """Per query row, float32, in (batch * heads, seqlen_pad) buffers: delta = rowsum(O * dO) and
+    lse2 = lse * log2(e) (+inf for a row that sees no key and for the padding rows, so that their
+    P = exp2(-inf) = 0); and dQ's accumulator rows set to 0. The padding lets every TMA box of the
+    main kernel lie inside its buffer."""
+    start = tl.program_id(0) * BLOCK
+    bh = tl.program_id(1)
+    # int64: a batch offset passes 2^31 elements at genome scale (tests/test_gpu_scale.py)
+    off_b, off_h = (bh // nheads).to(tl.int64), bh % nheads
+    rows = start + tl.arange(0, BLOCK).to(tl.int64)  # rows * row stride passes 2^31 at a million tokens
+    cols = tl.arange(0, HEAD_DIM)
+    valid = rows < seqlen_q
+    o = tl.load(OUT + off_b * stride_ob + off_h * stride_oh + rows[:, None] * stride_om + cols[None, :],
+                mask=valid[:, None], other=0.0)
+    do = tl.load(DOUT + off_b * stride_dob + off_h * stride_doh + rows[:, None] * stride_dom + cols[None, :],
+                 mask=valid[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse = tl.load(LSE + off_b * stride_lse_b + off_h * stride_lse_h + rows, mask=valid, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    in_pad = rows < seqlen_pad
+    stat = bh.to(tl.int64) * seqlen_pad + rows
+    tl.store(DELTA + stat, delta, mask=in_pad)
+    tl.store(LSE2 + stat, lse2, mask=in_pad)
+    accum = DQ_ACCUM + (bh * seqlen_pad + rows[:, None]).to(tl.int64) * HEAD_DIM + cols[None, :]
+    tl.store(accum, tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=in_pad[:, None])
+
+
+@triton.jit
+def _bwd_sm90_dq_kernel(DQ_ACCUM, DQ, stride_dqb, stride_dqm, stride_dqh, nheads, seqlen_q, seqlen_pad,
+                        softmax_scale, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """dQ = softmax_scale * the summed accumulator, in q's layout and dtype."""
+    start = tl.program_id(0) * BLOCK
+    bh = tl.program_id(1)
+    off_b, off_h = (bh // nheads).to(tl.int64), bh % nheads  # int64: as in the prologue
+    rows = start + tl.arange(0, BLOCK).to(tl.int64)
+    cols = tl.arange(0, HEAD_DIM)
+    accum = tl.load(DQ_ACCUM + (bh * seqlen_pad + rows[:, None]).to(tl.int64) * HEAD_DIM + cols[None, :])
+    dq = DQ + off_b * stride_dqb + off_h * stride_dqh + rows[:, None] * stride_dqm + cols[None, :]
+    tl.store(dq, (accum * softmax_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < seqlen_q)
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """global[box at coord] += src (shared memory), by the copy engine (cp.reduce.async.bulk.tensor); its
+    completion is waited for as a TMA store's (tma.store_wait). Triton 3.6 builds the op but Gluon's
+    Python layer does not name it yet."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _step_coords(i, n_m, m_first, off_hk, kv_group, BLOCK_M: gl.constexpr):
+    """Step i of a program = query tile i % n_m (from m_first) of its group's query head i // n_m."""
+    return off_hk * kv_group + i // n_m, (m_first + i % n_m) * BLOCK_M
+
+
+@gluon.jit
+def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
+                        lse2_smem, delta_smem, kv_bar, ready, free, n_steps, n_m, m_first, off_b, off_hk, n0,
+                        kv_group, nheads, seqlen_pad, BLOCK_M: gl.constexpr, NUM_BUF: gl.constexpr):
+    """One warp: K and V once, then each step's Q, dO, lse2 and delta into the buffer the compute
+    warps released (`free`), signalling `ready` by the bytes that land."""
+    mbarrier.expect(kv_bar.index(0), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [off_b, n0, off_hk, 0], kv_bar.index(0), k_smem)
+    tma.async_copy_global_to_shared(v_desc, [off_b, n0, off_hk, 0], kv_bar.index(0), v_smem)
+    nbytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse2_desc.block_type.nbytes
+                            + delta_desc.block_type.nbytes)
+    for i in range(n_steps):
+        buf = i % NUM_BUF
+        # Parity trick: the first round's wait (parity 1) passes on a fresh barrier.
+        mbarrier.wait(free.index(buf), ((i // NUM_BUF) & 1) ^ 1)
+        off_h, m0 = _step_coords(i, n_m, m_first, off_hk, kv_group, BLOCK_M)
+        bar = ready.index(buf)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, m0, off_h, 0], bar, q_smem.index(buf))
+        tma.async_copy_global_to_shared(do_desc, [off_b, m0, off_h, 0], bar, do_smem.index(buf))
+        row = (off_b * nheads + off_h) * seqlen_pad + m0
+        tma.async_copy_global_to_shared(lse2_desc, [row], bar, lse2_smem.index(buf))
+        tma.async_copy_global_to_shared(delta_desc, [row], bar, delta_smem.index(buf))
+
+
+@gluon.jit
+def _bwd_dq_partition(dq_desc, dq_smem, dq_full, dq_empty, n_steps, n_m, m_first, off_b, off_hk, kv_group, nheads,
+                      seqlen_pad, BLOCK_M: gl.constexpr):
+    """One warp: each step's dQ share, left in shared memory by the compute warps, goes to the float32
+    accumulator as one bulk reduction by the copy engine; the buffer is handed back once read."""
+    for i in range(n_steps):
+        mbarrier.wait(dq_full.index(0), i & 1)
+        off_h, m0 = _step_coords(i, n_m, m_first, off_hk, kv_group, BLOCK_M)
+        _tma_reduce_add(dq_desc, [(off_b * nheads + off_h) * seqlen_pad + m0, 0], dq_smem)
+        tma.store_wait(0)  # dq_smem has been read (the sum itself completes in L2 on its own)
+        mbarrier.arrive(dq_empty.index(0))
+
+
+@gluon.jit
+def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_smem, ds_smem, dq_smem, kv_bar, ready,
+                           free, dq_full, dq_empty, DK, DV, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+                           stride_dvn, stride_dvh, n_steps, n_m, m_first, off_b, off_hk, n0, diag, seqlen_k,
+                           qk_scale_log2, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                           BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr):
+    """The 8 warps (two warpgroups) that run the matmuls and the elementwise work; see the module
+    docstring for the step."""
+    dtype: gl.constexpr = k_smem.dtype
+    # Accumulator layouts of the wgmma instructions. Keys are rows: each of the 8 warps owns 16
+    # of the BLOCK_N keys in S^T, dP^T, dK and dV. dQ (BLOCK_M x HEAD_DIM) splits its columns
+    # over the two warpgroups instead.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    DQ_SPLIT: gl.constexpr = 2 if BLOCK_M == 64 else 1  # 64 query rows: one warpgroup per half of dQ's columns
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8 // DQ_SPLIT, DQ_SPLIT],
+                                                        instr_shape=[16, HEAD_DIM // DQ_SPLIT, 16])
+    # P^T and dS^T as the left operand of dV += P^T dO and dK += dS^T Q, from registers: the
+    # accumulator's fragment is already the operand's, so the conversion moves no data.
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of S^T)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # one value per key
+
+    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    keys = n0 + gl.arange(0, BLOCK_N, layout=row_layout)
+    mbarrier.wait(kv_bar.index(0), 0)
+
+    for i in range(n_steps):
+        buf = i % NUM_BUF
+        mbarrier.wait(ready.index(buf), (i // NUM_BUF) & 1)
+        q_tile = q_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        s_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        lse2 = lse2_smem.index(buf).load(col_layout)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p = gl.exp2(s * qk_scale_log2 - lse2[None, :])
+        m0 = (m_first + i % n_m) * BLOCK_M
+        if CAUSAL:
+            # Only the query tiles that cross the diagonal hold a key past some query.
+            if m0 + diag < n0 + BLOCK_N - 1:
+                queries = m0 + gl.arange(0, BLOCK_M, layout=col_layout)
+                p = gl.where(keys[:, None] <= queries[None, :] + diag, p, 0.0)
+        p16 = p.to(dtype)
+        dv_tok = warpgroup_mma(gl.convert_layout(p16, a_layout), do_tile, dv, is_async=True)
+        delta = delta_smem.index(buf).load(col_layout)
+        dp = warpgroup_mma_wait(1, deps=[dp_tok])
+        # P's 16-bit copy (the dV operand) stands in for P here: one tile of registers less.
+        ds16 = (p16.to(gl.float32) * (dp - delta[None, :])).to(dtype)
+        dk_tok = warpgroup_mma(gl.convert_layout(ds16, a_layout), q_tile, dk, is_async=True)
+        ds_buf = ds_smem.index(i % 2)
+        ds_buf.store(ds16)
+        fence_async_shared()
+        # Every warp has stored its dS^T rows; and has finished step i - 1, whose dQ matmul read
+        # the other dS^T buffer (so the next step may overwrite it).
+        gl.thread_barrier()
+        dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok])
+        mbarrier.wait(dq_empty.index(0), (i & 1) ^ 1)  # step i - 1's share has left dq_smem
+        dq_smem.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()  # all of dQ is in dq_smem, and no warp reads this step's Q / dO again
+        mbarrier.arrive(dq_full.index(0))
+        mbarrier.arrive(free.index(buf))
+
+    # Keys no query sees (causal, seqlen_q < seqlen_k) run no step: their dK, dV are 0.
+    kv_rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))).to(gl.int64)
+    kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    kv_mask = kv_rows[:, None] < seqlen_k
+    b64 = off_b.to(gl.int64)  # a batch offset passes 2^31 elements at genome scale
+    gl.store(DK + b64 * stride_dkb + off_hk * stride_dkh + kv_rows[:, None] * stride_dkn + kv_cols[None, :],
+             (dk * softmax_scale).to(dtype), mask=kv_mask)
+    gl.store(DV + b64 * stride_dvb + off_hk * stride_dvh + kv_rows[:, None] * stride_dvn + kv_cols[None, :],
+             dv.to(dtype), mask=kv_mask)
+
+
+@gluon.jit
+def _attn_bwd_sm90_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dq_desc, DK, DV,
+                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                          nheads, nheads_k, seqlen_q, seqlen_k, seqlen_pad, qk_scale_log2, softmax_scale,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    off_b = pid_bh // nheads_k
+    off_hk = pid_bh % nheads_k
+    kv_group = nheads // nheads_k
+    n0 = pid_n * BLOCK_N
+    # Bottom-right aligned causal mask (flash-attn's): query i sees key j iff j <= i + diag.
+    diag = seqlen_k - seqlen_q
+    m_first = 0
+    if CAUSAL:
+        m_first = gl.maximum(n0 - diag, 0) // BLOCK_M
+    n_m = gl.cdiv(seqlen_q, BLOCK_M) - m_first  # query tiles per head that see these keys
+    n_steps = gl.maximum(n_m, 0) * kv_group
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + do_desc.block_type.shape, do_desc.layout)
+    lse2_smem = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], lse2_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], delta_desc.layout)
+    # dS^T for the dQ matmul, double-buffered: step i writes buffer i % 2 while the other
+    # warpgroup may still be reading buffer (i - 1) % 2 in its dQ wgmma.
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+    dq_smem = gl.allocate_shared_memory(gl.float32, dq_desc.block_type.shape, dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar.index(0), count=1)
+    mbarrier.init(dq_full.index(0), count=1)
+    mbarrier.init(dq_empty.index(0), count=1)
+    for b in gl.static_range(NUM_BUF):
+        mbarrier.init(ready.index(b), count=1)
+        mbarrier.init(free.index(b), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_bwd_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_smem, ds_smem, dq_smem, kv_bar,
+                                  ready, free, dq_full, dq_empty, DK, DV, stride_dkb, stride_dkn, stride_dkh,
+                                  stride_dvb, stride_dvn, stride_dvh, n_steps, n_m, m_first, off_b, off_hk, n0, diag,
+                                  seqlen_k, qk_scale_log2, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUF,
+                                  CAUSAL)),
+        (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_smem,
+                               do_smem, lse2_smem, delta_smem, kv_bar, ready, free, n_steps, n_m, m_first, off_b,
+                               off_hk, n0, kv_group, nheads, seqlen_pad, BLOCK_M, NUM_BUF)),
+        (_bwd_dq_partition, (dq_desc, dq_smem, dq_full, dq_empty, n_steps, n_m, m_first, off_b, off_hk, kv_group,
+                             nheads, seqlen_pad, BLOCK_M)),
+    ], [1, 1], [24, 24])
+
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+
+
+def _tile_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A 4-D descriptor over (batch, seqlen, heads, dim), one (1, rows, 1, dim) box per tile."""
+    head_dim = t.shape[-1]
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], _GL_DTYPES[t.dtype])
+    layout = gl.NVMMASharedLayout(layout.swizzle_byte_width, layout.element_bitwidth, rank=4)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim], layout)
+
+
+def _stat_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    return TensorDescriptor(t, [t.numel()], [1], [block_m], layout)
+
+
+def _accum_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
+    """dQ's float32 accumulator as (rows, HEAD_DIM), one (BLOCK_M, HEAD_DIM) box per reduction."""
+    flat = t.view(-1, t.shape[-1])
+    layout = gl.NVMMASharedLayout.get_default_for([block_m, t.shape[-1]], gl.float32)
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_m, t.shape[-1]], layout)
+
+
+# Off: attention_backward never takes this kernel (tests and probes compare it with backward.py's).
+# GENOFLASH_SM90_BACKWARD=0 starts a process with it off.
+_enabled = os.environ.get("GENOFLASH_SM90_BACKWARD", "1") != "0"
+
+
+@contextlib.contextmanager
+def use_sm90_backward(enabled: bool):
+    """Allow (True, the default) or forbid the Gluon backward in this block, in every thread (autograd
+    runs the backward on its own thread, where a context variable would not be seen)."""
+    global _enabled
+    saved, _enabled = _enabled, enabled
+    try:
+        yield
+    finally:
+        _enabled = saved
+
+
+_capabilities: dict[int | None, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """Looked up once per device (torch's lookup costs microseconds on every call)."""
+    if device.index not in _capabilities:
+        _capabilities[device.index] = torch.cuda.get_device_capability(device)
+    return _capabilities[device.index]
+
+
+def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
+    """Whether the kernel computes this backward (dtypes, head dims, features, alignment), whatever
+    the device; `applies` adds the device and the switches."""
+    if q.dtype not in _GL_DTYPES or q.shape[-1] not in TILES or v.shape[-1] != q.shape[-1] or q.dim() != 4:
+        return False
+    if (a.varlen or a.rotary_dim or a.dropout is not None or a.alibi_slopes is not None or a.softcap > 0
+            or a.window_left != -1 or a.window_right not in (-1, 0)):
+        return False
+    return all(_aligned(t) for t in (q, k, v, dout, out))
+
+
+def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
+    """Whether attention_backward takes this kernel: deterministic=False, an sm_90 GPU (wgmma is
+    sm_90a's; Blackwell has tcgen05 instead), and `supports`."""
+    if not _enabled or not descriptors._enabled or a.deterministic or triton_interpreted() or not q.is_cuda:
+        return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
+    return _capability(q.device) == (9, 0) and supports(q, k, v, dout, out, a)
+
+
+def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):
+    """(dq, dk, dv) by the one-pass Gluon kernel, in the dtypes and layouts of q, k, v; the caller
+    has checked `applies`."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    block_m, block_n = TILES[head_dim]
+    seqlen_pad = cdiv(seqlen_q, STAT_PAD) * STAT_PAD
+    delta = torch.empty((batch * nheads, seqlen_pad), device=q.device, dtype=torch.float32)
+    lse2 = torch.empty_like(delta)
+    dq_accum = torch.empty((batch * nheads, seqlen_pad, head_dim), device=q.device, dtype=torch.float32)
+    light = 64  # rows per program of the two light passes
+    _bwd_sm90_prologue_kernel[(seqlen_pad // light, batch * nheads)](
+        out, dout, lse, delta, lse2, dq_accum, out.stride(0), out.stride(1), out.stride(2), dout.stride(0),
+        dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen_q, seqlen_pad,
+        HEAD_DIM=head_dim, BLOCK=light)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    _attn_bwd_sm90_kernel[(cdiv(seqlen_k, block_n), batch * nheads_k)](
+        _tile_descriptor(q, block_m), _tile_descriptor(k, block_n), _tile_descriptor(v, block_n),
+        _tile_descriptor(dout, block_m), _stat_descriptor(lse2, block_m), _stat_descriptor(delta, block_m),
+        _accum_descriptor(dq_accum, block_m), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
+        nheads, nheads_k, seqlen_q, seqlen_k, seqlen_pad, a.softmax_scale * LOG2E_HOST, a.softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_BUF=NUM_BUF, CAUSAL=a.causal_only, num_warps=8)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _bwd_sm90_dq_kernel[(seqlen_pad // light, batch * nheads)](
+        dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen_q, seqlen_pad, a.softmax_scale,
+        HEAD_DIM=head_dim, BLOCK=light)
+    return dq, dk, dv

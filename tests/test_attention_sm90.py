@@ -1,0 +1,144 @@
+"""The Gluon one-pass backward for Hopper (ops/attention/backward_sm90.py).
+
+deterministic=False (the default) takes it on an sm_90 GPU for 16-bit attention with head dim 128,
+fixed lengths, full or causal, no other feature. On the GPU each case is checked against a
+float64 reference under the error rule, with every allocation NaN-poisoned and the dispatch
+watched, so that a silent fall back to the triton backward fails the test. Where it must not be
+taken (deterministic=True, every other feature, misaligned tensors), the test checks that it is
+not. On the CPU (CI) the dispatch rule itself is checked; tests/test_sm90_compile.py compiles the
+kernel for sm_90.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import genoflash
+from genoflash.ops.attention import backward_sm90
+from genoflash.ops.attention.args import AttentionArgs
+from genoflash.ops.attention.dropout import DropoutArgs
+from genoflash.rotary import rotary_tables
+
+from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
+from .conftest import HAS_CUDA
+
+ON_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100 / H200)")
+
+
+@pytest.fixture
+def sm90_calls(monkeypatch):
+    """How many backward passes went through the Gluon kernel."""
+    calls = []
+    real = backward_sm90.attention_backward_sm90
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backward_sm90, "attention_backward_sm90", spy)
+    return calls
+
+
+def _qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dtype):
+    q = torch.randn(batch, seqlen_q, nheads, d, device="cuda", dtype=dtype).requires_grad_()
+    k, v = (torch.randn(batch, seqlen_k, nheads_k, d, device="cuda", dtype=dtype).requires_grad_()
+            for _ in range(2))
+    return q, k, v, torch.randn(batch, seqlen_q, nheads, d, device="cuda", dtype=dtype)
+
+
+def _check(q, k, v, dout, calls, **features):
+    got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features), q, k, v, dout)
+    assert len(calls) == 1, "the Gluon backward was not taken"
+    truth, same = reference_pair(q, k, v, dout, causal=features.get("causal", False))
+    assert_within_rule(got, truth, same)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.usefixtures("poison_allocations")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", [
+    (2, 1, 1), (2, 17, 17), (1, 129, 129), (2, 1000, 1000), (1, 300, 1200), (1, 1200, 300), (3, 257, 513),
+    (1, 2048, 2048),
+])
+def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype, sm90_calls):
+    torch.manual_seed(seqlen_q * 31 + seqlen_k)
+    q, k, v, dout = _qkv(batch, seqlen_q, seqlen_k, 2, 2, 128, dtype)
+    _check(q, k, v, dout, sm90_calls, causal=causal)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.usefixtures("poison_allocations")
+@pytest.mark.parametrize("nheads_k", [2, 1], ids=["gqa", "mqa"])
+def test_gluon_backward_gqa(nheads_k, sm90_calls):
+    """Each program streams the query tiles of every query head in its K/V head's group."""
+    torch.manual_seed(40 + nheads_k)
+    q, k, v, dout = _qkv(2, 777, 1000, 4, nheads_k, 128, torch.bfloat16)
+    _check(q, k, v, dout, sm90_calls, causal=True)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.usefixtures("poison_allocations")
+def test_gluon_backward_strided_inputs(sm90_calls):
+    """Views of (batch, nheads, seqlen, headdim) buffers: the descriptors take any 16-byte aligned strides."""
+    torch.manual_seed(41)
+    q, k, v, dout = (torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                     for _ in range(4))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    assert not q.is_contiguous()
+    _check(q, k, v, dout, sm90_calls, causal=True)
+
+
+@sm90
+@pytest.mark.gpu
+def test_gluon_backward_is_not_taken_where_it_does_not_apply(sm90_calls):
+    """deterministic=True, every other feature, head dim 64, fp32 and misaligned tensors run
+    the triton backward; use_sm90_backward(False) turns it off."""
+    torch.manual_seed(42)
+    q, k, v, dout = _qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
+    cos, sin = rotary_tables(200, 128, device="cuda")
+    others = [dict(deterministic=True), dict(dropout_p=0.1), dict(window_size=(30, 30)), dict(softcap=5.0),
+              dict(alibi_slopes=torch.rand(2, device="cuda")), dict(rotary_cos=cos, rotary_sin=sin)]
+    for features in others:
+        outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features), q, k, v, dout)
+    for qkv in (_qkv(1, 200, 200, 2, 2, 64, torch.bfloat16)[:3], _qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3]):
+        outputs_and_grads(genoflash.flash_attn_func, *qkv, torch.randn_like(qkv[0]))
+    # A q whose base is off 16-byte alignment cannot be a TMA descriptor.
+    q_mis = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape).requires_grad_()
+    outputs_and_grads(genoflash.flash_attn_func, q_mis, k, v, dout)
+    with backward_sm90.use_sm90_backward(False):
+        outputs_and_grads(genoflash.flash_attn_func, q, k, v, dout)
+    assert sm90_calls == []
+    outputs_and_grads(genoflash.flash_attn_func, q, k, v, dout)
+    assert len(sm90_calls) == 1
+
+
+def test_dispatch_rule():
+    """What the kernel supports, checked on the host with CPU tensors (any device works here)."""
+    def tensors(d=128, dv=None, dtype=torch.bfloat16, n=100):
+        q, k = (torch.randn(2, n, 4, d, dtype=dtype) for _ in range(2))
+        v = torch.randn(2, n, 4, dv or d, dtype=dtype)
+        return q, k, v, torch.randn_like(v), torch.randn_like(v)
+
+    args = AttentionArgs(0.1, deterministic=False)
+    causal = AttentionArgs(0.1, -1, 0, deterministic=False)
+    assert backward_sm90.supports(*tensors(), args) and backward_sm90.supports(*tensors(), causal)
+    assert not backward_sm90.supports(*tensors(64), args) and not backward_sm90.supports(*tensors(96), args)
+    assert not backward_sm90.supports(*tensors(128, 64), args)
+    assert not backward_sm90.supports(*tensors(dtype=torch.float32), args)
+    for other in (AttentionArgs(0.1, 30, 30), AttentionArgs(0.1, softcap=5.0),
+                  AttentionArgs(0.1, alibi_slopes=torch.rand(4)), AttentionArgs(0.1, dropout=DropoutArgs(0.1, 1, 0))):
+        assert not backward_sm90.supports(*tensors(), other)
+    q, k, v, dout, out = tensors()
+    q_mis = torch.randn(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    assert not backward_sm90.supports(q_mis, k, v, dout, out, args)
+    # Not on a CPU tensor, nor with deterministic=True, nor under the interpreter.
+    assert not backward_sm90.applies(q, k, v, dout, out, args)
+    if ON_SM90:
+        g = [t.cuda() for t in (q, k, v, dout, out)]
+        assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
