@@ -29,7 +29,9 @@ sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100 / H200)"
 
 @pytest.fixture
 def sm90_calls(monkeypatch):
-    """How many backward passes went through the Gluon kernel."""
+    """How many backward passes went through the Gluon kernel. It is taken at every length here
+    (MIN_SEQLEN keeps it from short sequences in use; the kernel itself works at any length)."""
+    monkeypatch.setattr(backward_sm90, "MIN_SEQLEN", 0)
     calls = []
     real = backward_sm90.attention_backward_sm90
 
@@ -139,6 +141,8 @@ def test_dispatch_rule():
     assert not backward_sm90.supports(q_mis, k, v, dout, out, args)
     # Not on a CPU tensor, nor with deterministic=True, nor under the interpreter.
     assert not backward_sm90.applies(q, k, v, dout, out, args)
-    if ON_SM90:
-        g = [t.cuda() for t in (q, k, v, dout, out)]
+    if ON_SM90:  # from MIN_SEQLEN queries or keys on
+        g = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN)]
         assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
+        short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN - 1)]
+        assert not backward_sm90.applies(*short, args)

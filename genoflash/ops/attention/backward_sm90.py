@@ -60,6 +60,12 @@ from .softmax import LOG2E, LOG2E_HOST
 # compiles and is correct, but measured slower than the two triton passes (16.5 against 15.8 ms at
 # H32 N16k; NOTES.md, nineteenth session), so it runs those.
 TILES = {128: (64, 128)}
+# Shorter sequences keep the triton passes. The Gluon backward was timed faster at N = 16k and 64k
+# (NOTES.md, nineteenth session); at N <= 1,024 the backward is host-bound on the H200 (NOTES.md,
+# eighteenth session), and this path launches three kernels through triton's own launcher where
+# the two passes launch two through launch.py's cached fast path. Between 2,048 and 16k it has not
+# been timed; its device time per tile pair is the 16k one's.
+MIN_SEQLEN = 2048
 NUM_BUF = 2  # query tiles in flight (Q, dO, lse2, delta)
 STAT_PAD = 128  # lse2 / delta rows are padded to this, so that every TMA box lies inside
 
@@ -366,9 +372,11 @@ def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
 
 def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
     """Whether attention_backward takes this kernel: deterministic=False, an sm_90 GPU (wgmma is
-    sm_90a's; Blackwell has tcgen05 instead), and `supports`."""
+    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN queries or keys, and `supports`."""
     if not _enabled or not descriptors._enabled or a.deterministic or triton_interpreted() or not q.is_cuda:
         return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
+    if max(q.shape[1], k.shape[1]) < MIN_SEQLEN:
+        return False
     return _capability(q.device) == (9, 0) and supports(q, k, v, dout, out, a)
 
 
