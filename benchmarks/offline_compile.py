@@ -9,8 +9,9 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mamba (the
 selective scan; --channels-first: its state-loop kernels) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
 with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
-descriptors would apply; --fused compiles the deterministic=False backward (--fused-dkdv
-forces its tiles); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
+descriptors would apply; --fused compiles the triton one-pass backward (--fused-dkdv
+forces its tiles); --sm90-backward the Gluon one (backward_sm90.py; its compute warps run at 240
+registers, so ptxas's count is the launch's, and a spill is what to look for); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
 forward over chunks of N keys; --causal, --softcap X, --alibi, --varlen and --gqa add those features
 (--heads-per-split N: GQA's dK/dV pass with the group split over programs). A kernel
 whose wgmma ptxas serialized (note C7515: no tensor-core pipelining) is marked WGMMA-SERIALIZED.

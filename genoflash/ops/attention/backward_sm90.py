@@ -278,7 +278,8 @@ def _attn_bwd_sm90_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     lse2_smem = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], lse2_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], delta_desc.layout)
     # dS^T for the dQ matmul, double-buffered: step i writes buffer i % 2 while the other
-    # warpgroup may still be reading buffer (i - 1) % 2 in its dQ wgmma.
+    # warpgroup may still be reading buffer (i - 1) % 2 in its dQ wgmma. (Since the compute warps
+    # also meet after each step's dQ wait, one buffer would do; the kernel was timed with two.)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
     dq_smem = gl.allocate_shared_memory(gl.float32, dq_desc.block_type.shape, dq_desc.layout)
@@ -332,8 +333,8 @@ def _accum_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_m, t.shape[-1]], layout)
 
 
-# Off: attention_backward never takes this kernel (tests and probes compare it with backward.py's).
-# GENOFLASH_SM90_BACKWARD=0 starts a process with it off.
+# False: attention_backward never takes this kernel (use_sm90_backward(False) in a block, or
+# GENOFLASH_SM90_BACKWARD=0 for the whole process).
 _enabled = os.environ.get("GENOFLASH_SM90_BACKWARD", "1") != "0"
 
 
