@@ -32,6 +32,16 @@ def _ptxas_available() -> bool:
 pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled ptxas is not available")
 
 
+def _offline_compile(case: str) -> subprocess.CompletedProcess:
+    """benchmarks/offline_compile.py CASE in a subprocess (it swaps Triton's driver); it must succeed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "offline_compile.py"), *case.split()],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 # Each was WGMMA-SERIALIZED before the backward's loop change (8d50ea4, 37c8ae2), except the
 # controls (full attention, dropout), which must stay clean.
 @pytest.mark.parametrize("case", [
@@ -51,11 +61,7 @@ pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled
     "window 256",  # with the edge branch both were serialised
 ])
 def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "offline_compile.py"), *case.split()],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _offline_compile(case)
     kernels = [line for line in out.stdout.splitlines() if "_kernel " in line]
     assert any("_attn_bwd_dkdv_kernel" in line for line in kernels), out.stdout
     assert any("_attn_bwd_dq_kernel" in line for line in kernels), out.stdout
@@ -68,11 +74,7 @@ def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
 def test_gluon_backward_compiles_for_sm90_without_spills(case):
     """The Gluon one-pass backward (backward_sm90.py) builds for sm_90: its compute warps run at 240
     registers (setmaxnreg) beside two 24-register copy warps, where a spill would cost every step."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "offline_compile.py"), *case.split()],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _offline_compile(case)
     lines = [line for line in out.stdout.splitlines() if "_attn_bwd_sm90_kernel " in line]
     assert len(lines) == 1, out.stdout
     assert "spill-stores 0" in lines[0] and "WGMMA-SERIALIZED" not in lines[0], lines[0]
