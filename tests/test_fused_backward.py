@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("poison_allocations", "triton_one_pass_only
 @pytest.fixture
 def triton_one_pass_only():
     """These tests are about backward.py's one-pass form: keep the Gluon backward (which
-    deterministic=False takes on an H200 for head dims 64 and 128) out of the way."""
+    deterministic=False takes on an H200 at head dim 128) out of the way."""
     with backward_sm90.use_sm90_backward(False):
         yield
 
