@@ -146,3 +146,38 @@ def test_dispatch_rule():
         assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
         short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN - 1)]
         assert not backward_sm90.applies(*short, args)
+
+
+@pytest.mark.usefixtures("poison_allocations")
+def test_light_passes_around_the_gluon_kernel(device):
+    """The two triton passes around the Gluon kernel (the interpreter runs them on the CPU): the
+    prologue's delta, lse2 (padding rows and a row that saw no key at +inf) and zeroed dQ
+    accumulator, in the padded (batch * heads, seqlen_pad) layout; the epilogue's scaled dQ in q's
+    strided layout. Every buffer starts NaN-poisoned."""
+    torch.manual_seed(43)
+    batch, seqlen, nheads, d = 2, 129, 3, 128
+    pad = 256  # 129 rows padded to STAT_PAD
+    out = torch.randn(batch, seqlen, nheads, d, device=device, dtype=torch.float16)
+    dout = torch.randn(batch, nheads, seqlen, d, device=device, dtype=torch.float16).transpose(1, 2)
+    lse = torch.randn(batch, nheads, seqlen, device=device)
+    lse[1, 2, 5] = float("-inf")
+    delta, lse2 = (torch.empty(batch * nheads, pad, device=device) for _ in range(2))
+    accum = torch.empty(batch * nheads, pad, d, device=device)
+    backward_sm90._bwd_sm90_prologue_kernel[(pad // 64, batch * nheads)](
+        out, dout, lse, delta, lse2, accum, out.stride(0), out.stride(1), out.stride(2), dout.stride(0),
+        dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen, pad, HEAD_DIM=d, BLOCK=64)
+    want_delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).reshape(batch * nheads, seqlen)
+    torch.testing.assert_close(delta[:, :seqlen], want_delta, rtol=1e-5, atol=1e-4)
+    assert (delta[:, seqlen:] == 0).all()
+    want_lse2 = (lse * 1.4426950408889634).reshape(batch * nheads, seqlen).masked_fill(
+        torch.isinf(lse.reshape(batch * nheads, seqlen)), float("inf"))
+    torch.testing.assert_close(lse2[:, :seqlen], want_lse2)
+    assert lse2[1 * nheads + 2, 5] == float("inf") and (lse2[:, seqlen:] == float("inf")).all()
+    assert (accum == 0).all()
+
+    accum = torch.randn(batch * nheads, pad, d, device=device)
+    dq = torch.empty(batch, nheads, seqlen, d, device=device, dtype=torch.float16).transpose(1, 2)
+    backward_sm90._bwd_sm90_dq_kernel[(pad // 64, batch * nheads)](
+        accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen, pad, 0.125, HEAD_DIM=d, BLOCK=64)
+    want = (accum[:, :seqlen] * 0.125).view(batch, nheads, seqlen, d).transpose(1, 2).half()
+    assert torch.equal(dq, want)

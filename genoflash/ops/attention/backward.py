@@ -38,7 +38,7 @@ from .rotary import (_atomic_add_qk_grad, _load_pt_tma, _load_qk, _load_qk_grad_
                      _qk_grad_of_transposed, _qk_grad_update, _store_qk_grad)
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
-from .softmax import _lse_for_recompute
+from .softmax import _lse_for_recompute, _rowsum_o_do
 from .tile_scheduler import _tile_of_program
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _load_tile, _load_tile_tma,
@@ -49,14 +49,6 @@ from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _
 # with triton's defaults (4 warps, 3 stages; they have no loop to pipeline). Their row block comes
 # as the BLOCK_M constexpr, so the config's block sizes are unused.
 _LIGHT_PASS_TILES = TileConfig(block_m=0, block_n=0, num_warps=4, num_stages=3)
-
-
-@triton.jit
-def _rowsum_o_do(o_row, do, offs_m, n_rows, stride_om, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One channel group's share of delta = rowsum(O * dO), in float32: O's tile is loaded here,
-    dO's is on chip already (the dQ pass holds it for its whole key loop)."""
-    o = _load_tile(o_row, offs_m, n_rows, stride_om, offs_d, HEAD_DIM, BLOCK_D, True)
-    return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
 
 
 @triton.jit

@@ -54,7 +54,8 @@ from ..host import cdiv
 from .args import AttentionArgs
 from . import descriptors
 from .descriptors import _aligned
-from .softmax import LOG2E, LOG2E_HOST
+from .softmax import LOG2E_HOST, _lse_for_recompute, _rowsum_o_do
+from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 
 # head dim -> (query rows per step, keys per program: two warpgroups of BLOCK_N / 2). Head dim 64
 # compiles and is correct, but measured slower than the two triton passes (16.5 against 15.8 ms at
@@ -80,24 +81,22 @@ def _bwd_sm90_prologue_kernel(OUT, DOUT, LSE, DELTA, LSE2, DQ_ACCUM, stride_ob, 
     main kernel lie inside its buffer."""
     start = tl.program_id(0) * BLOCK
     bh = tl.program_id(1)
-    # int64: a batch offset passes 2^31 elements at genome scale (tests/test_gpu_scale.py)
-    off_b, off_h = (bh // nheads).to(tl.int64), bh % nheads
-    rows = start + tl.arange(0, BLOCK).to(tl.int64)  # rows * row stride passes 2^31 at a million tokens
+    off_b, off_h = bh // nheads, bh % nheads
+    offs = tl.arange(0, BLOCK)
     cols = tl.arange(0, HEAD_DIM)
-    valid = rows < seqlen_q
-    o = tl.load(OUT + off_b * stride_ob + off_h * stride_oh + rows[:, None] * stride_om + cols[None, :],
-                mask=valid[:, None], other=0.0)
-    do = tl.load(DOUT + off_b * stride_dob + off_h * stride_doh + rows[:, None] * stride_dom + cols[None, :],
-                 mask=valid[:, None], other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    lse = tl.load(LSE + off_b * stride_lse_b + off_h * stride_lse_h + rows, mask=valid, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    in_pad = rows < seqlen_pad
-    stat = bh.to(tl.int64) * seqlen_pad + rows
-    tl.store(DELTA + stat, delta, mask=in_pad)
-    tl.store(LSE2 + stat, lse2, mask=in_pad)
-    accum = DQ_ACCUM + (bh * seqlen_pad + rows[:, None]).to(tl.int64) * HEAD_DIM + cols[None, :]
-    tl.store(accum, tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=in_pad[:, None])
+    n_rows = seqlen_q - start  # rows of the sequence in this block (<= 0 in the padding)
+    # int64 bases (tiles.py): offsets pass 2^31 elements at genome scale (tests/test_gpu_scale.py)
+    do = _load_tile(_row_ptr(_head_base(DOUT, off_b, off_h, stride_dob, stride_doh), start, stride_dom), offs,
+                    n_rows, stride_dom, cols, HEAD_DIM, HEAD_DIM, True)
+    delta = _rowsum_o_do(_row_ptr(_head_base(OUT, off_b, off_h, stride_ob, stride_oh), start, stride_om), do, offs,
+                         n_rows, stride_om, cols, HEAD_DIM, HEAD_DIM)
+    lse = tl.load(_row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), start, 1) + offs,
+                  mask=offs < n_rows, other=float("-inf"))
+    row = bh * seqlen_pad + start  # of the padded (batch * heads, seqlen_pad) buffers
+    tl.store(_row_ptr(DELTA, row, 1) + offs, delta)
+    tl.store(_row_ptr(LSE2, row, 1) + offs, _lse_for_recompute(lse))
+    accum = _row_ptr(DQ_ACCUM, row, HEAD_DIM)
+    _store_tile(accum, tl.zeros([BLOCK, HEAD_DIM], tl.float32), offs, BLOCK, HEAD_DIM, cols, HEAD_DIM, HEAD_DIM)
 
 
 @triton.jit
@@ -106,12 +105,12 @@ def _bwd_sm90_dq_kernel(DQ_ACCUM, DQ, stride_dqb, stride_dqm, stride_dqh, nheads
     """dQ = softmax_scale * the summed accumulator, in q's layout and dtype."""
     start = tl.program_id(0) * BLOCK
     bh = tl.program_id(1)
-    off_b, off_h = (bh // nheads).to(tl.int64), bh % nheads  # int64: as in the prologue
-    rows = start + tl.arange(0, BLOCK).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
     cols = tl.arange(0, HEAD_DIM)
-    accum = tl.load(DQ_ACCUM + (bh * seqlen_pad + rows[:, None]).to(tl.int64) * HEAD_DIM + cols[None, :])
-    dq = DQ + off_b * stride_dqb + off_h * stride_dqh + rows[:, None] * stride_dqm + cols[None, :]
-    tl.store(dq, (accum * softmax_scale).to(DQ.dtype.element_ty), mask=rows[:, None] < seqlen_q)
+    accum = _load_tile(_row_ptr(DQ_ACCUM, bh * seqlen_pad + start, HEAD_DIM), offs, BLOCK, HEAD_DIM, cols,
+                       HEAD_DIM, HEAD_DIM, False)
+    dq = _row_ptr(_head_base(DQ, bh // nheads, bh % nheads, stride_dqb, stride_dqh), start, stride_dqm)
+    _store_tile(dq, accum * softmax_scale, offs, seqlen_q - start, stride_dqm, cols, HEAD_DIM, HEAD_DIM)
 
 
 @builtin
@@ -350,16 +349,6 @@ def use_sm90_backward(enabled: bool):
         _enabled = saved
 
 
-_capabilities: dict[int | None, tuple[int, int]] = {}
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    """Looked up once per device (torch's lookup costs microseconds on every call)."""
-    if device.index not in _capabilities:
-        _capabilities[device.index] = torch.cuda.get_device_capability(device)
-    return _capabilities[device.index]
-
-
 def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
     """Whether the kernel computes this backward (dtypes, head dims, features, alignment), whatever
     the device; `applies` adds the device and the switches."""
@@ -378,7 +367,7 @@ def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
         return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
     if max(q.shape[1], k.shape[1]) < MIN_SEQLEN:
         return False
-    return _capability(q.device) == (9, 0) and supports(q, k, v, dout, out, a)
+    return descriptors.device_capability(q.device) == (9, 0) and supports(q, k, v, dout, out, a)
 
 
 def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):

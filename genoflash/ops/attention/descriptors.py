@@ -56,16 +56,21 @@ def _aligned(t: torch.Tensor) -> bool:
     return True
 
 
-_major: dict[int | None, int] = {}  # CUDA device index -> compute capability major
+_capabilities: dict[int | None, tuple[int, int]] = {}  # CUDA device index -> compute capability
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """torch.cuda.get_device_capability, looked up once per device: torch's lookup costs a few
+    microseconds of host time, paid on every attention call at short sequences."""
+    cap = _capabilities.get(device.index)
+    if cap is None:
+        cap = _capabilities[device.index] = torch.cuda.get_device_capability(device)
+    return cap
 
 
 def _has_tma(device: torch.device) -> bool:
-    """Hopper or later. The capability is looked up once per device: torch's lookup costs a few
-    microseconds of host time, paid on every attention call at short sequences."""
-    major = _major.get(device.index)
-    if major is None:
-        major = _major[device.index] = torch.cuda.get_device_capability(device)[0]
-    return major >= 9
+    """Hopper or later."""
+    return device_capability(device)[0] >= 9
 
 
 def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:

@@ -1,4 +1,5 @@
-"""Online-softmax bookkeeping, in base 2.
+"""Online-softmax bookkeeping, in base 2 (and the backward's two per-row terms: lse in base 2, and
+delta = rowsum(O * dO)).
 
 Scores are kept raw (q.k) and the scale is folded into one multiply with log2(e), so
 every exponential is an exp2: exp(scale * s - m) == exp2(scale * log2(e) * s - m'),
@@ -9,6 +10,8 @@ import math
 
 import triton
 import triton.language as tl
+
+from .tiles import _load_tile
 
 LOG2E_HOST = 1.0 / math.log(2.0)  # for the host: softmax_scale * log2(e) is one kernel argument
 LN2 = tl.constexpr(math.log(2.0))
@@ -58,3 +61,11 @@ def _lse_for_recompute(lse):
     Rows that saw no key have lse -inf; +inf instead makes every recomputed p exactly 0.
     """
     return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+
+
+@triton.jit
+def _rowsum_o_do(o_row, do, offs_m, n_rows, stride_om, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One channel group's share of delta = rowsum(O * dO), in float32: O's tile is loaded here,
+    dO's is on chip already (the dQ pass holds it for its whole key loop)."""
+    o = _load_tile(o_row, offs_m, n_rows, stride_om, offs_d, HEAD_DIM, BLOCK_D, True)
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
