@@ -76,6 +76,23 @@ def test_bench_attention_seqlen_filter_keeps_only_those_shapes():
         attention.parse_args(["--seqlen", "16k"])
 
 
+def test_bench_attention_deterministic_variant_is_opt_in(tmp_path):
+    from genoflash.bench import attention
+    default, _ = attention.select_providers(attention.parse_args([]), "torch")
+    assert "genoflash" in [p.name for p in default]
+    assert "genoflash-deterministic" not in [p.name for p in default]
+    args = attention.parse_args(["--dry-run", "--no-plot", "--out", str(tmp_path),
+                                 "--providers", "genoflash,genoflash-deterministic"])
+    chosen, _ = attention.select_providers(args, "torch")
+    assert [p.name for p in chosen] == ["genoflash", "genoflash-deterministic"]
+    assert attention.main(["--dry-run", "--no-plot", "--out", str(tmp_path),
+                           "--providers", "genoflash,genoflash-deterministic"]) == 0
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    for shape in report["shapes"]:
+        rec = shape["results"]["genoflash-deterministic"]
+        assert rec["status"] == "ok" and rec["rel_err"] < 1e-6 and rec["fwd_bwd_ms"] > 0
+
+
 def test_gpu_benchmarks_say_they_need_a_gpu(capsys):
     import torch
     if torch.cuda.is_available():

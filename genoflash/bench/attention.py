@@ -94,13 +94,15 @@ class Provider:
     # Per-shape setup (e.g. flex's block mask) happens here, outside the timed call.
     build: Callable[[Shape, torch.device], AttnFn]
     skip: Callable[[Shape], str | None] = lambda shape: None
+    # Run when --providers is not given. Variants of genoflash itself are opt-in.
+    default: bool = True
 
 
-def _genoflash(backend: str) -> Callable[[Shape, torch.device], AttnFn]:
+def _genoflash(backend: str, deterministic: bool = False) -> Callable[[Shape, torch.device], AttnFn]:
     def build(shape: Shape, device: torch.device) -> AttnFn:
         def fn(q, k, v):
             with use_backend(backend):
-                return flash_attn_func(q, k, v, causal=shape.causal)
+                return flash_attn_func(q, k, v, causal=shape.causal, deterministic=deterministic)
         return fn
     return build
 
@@ -158,6 +160,9 @@ def _standard_too_big(shape: Shape) -> str | None:
 def make_providers(genoflash_backend: str) -> list[Provider]:
     return [
         Provider("genoflash", _genoflash(genoflash_backend)),
+        # deterministic=True: the two bitwise-reproducible backward passes instead of the default
+        # one-pass backward (where that applies), timed side by side with it.
+        Provider("genoflash-deterministic", _genoflash(genoflash_backend, deterministic=True), default=False),
         Provider("fa4", _fa4),
         Provider("sdpa-flash", _sdpa(SDPBackend.FLASH_ATTENTION)),
         Provider("sdpa-cudnn", _sdpa(SDPBackend.CUDNN_ATTENTION)),
@@ -443,6 +448,8 @@ def select_providers(args: argparse.Namespace, genoflash_backend: str) -> tuple[
         if unknown:
             raise SystemExit(f"unknown provider(s): {', '.join(sorted(unknown))}")
         providers = [p for p in providers if p.name in wanted]
+    else:
+        providers = [p for p in providers if p.default]
     unavailable = {}
     if any(p.name == "fa4" for p in providers):
         try:

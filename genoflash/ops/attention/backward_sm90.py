@@ -53,6 +53,7 @@ from ...backends import triton_interpreted
 from ..host import cdiv
 from .args import AttentionArgs
 from . import descriptors
+from .configs import free_memory_bytes
 from .descriptors import _aligned
 from .softmax import LOG2E_HOST, _lse_for_recompute, _rowsum_o_do
 from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
@@ -67,6 +68,13 @@ TILES = {128: (64, 128)}
 # the two passes launch two through launch.py's cached fast path. Between 2,048 and 16k it has not
 # been timed; its device time per tile pair is the 16k one's.
 MIN_SEQLEN = 2048
+# The float32 dQ accumulator, (batch * heads, seqlen, head_dim), is 2x dq and lives through the
+# backward: at N = 16k-1M the fwd+bwd peak is 1.25x the floor (q, k, v, dout, out, dq, dk, dv) that
+# the two passes keep (measured at 16k: 194 against 129 MiB of extra memory; flash-attn and cuDNN
+# hold the same 1.25x). Where it (with lse2 and delta) would take more than this share of the
+# device's free memory, the two passes run instead: a genome-scale backward near the memory limit
+# stays at the floor rather than running out.
+ACCUM_MAX_FREE_FRACTION = 0.5
 NUM_BUF = 2  # query tiles in flight (Q, dO, lse2, delta)
 STAT_PAD = 128  # lse2 / delta rows are padded to this, so that every TMA box lies inside
 
@@ -362,12 +370,21 @@ def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
 
 def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
     """Whether attention_backward takes this kernel: deterministic=False, an sm_90 GPU (wgmma is
-    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN queries or keys, and `supports`."""
+    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN queries or keys, `supports`, and
+    room for the float32 dQ accumulator (ACCUM_MAX_FREE_FRACTION)."""
     if not _enabled or not descriptors._enabled or a.deterministic or triton_interpreted() or not q.is_cuda:
         return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
     if max(q.shape[1], k.shape[1]) < MIN_SEQLEN:
         return False
-    return descriptors.device_capability(q.device) == (9, 0) and supports(q, k, v, dout, out, a)
+    if descriptors.device_capability(q.device) != (9, 0) or not supports(q, k, v, dout, out, a):
+        return False
+    return accumulator_bytes(q) <= ACCUM_MAX_FREE_FRACTION * free_memory_bytes(q.device)
+
+
+def accumulator_bytes(q: torch.Tensor) -> int:
+    """What attention_backward_sm90 allocates beyond dq, dk, dv: dQ's float32 accumulator, lse2 and delta."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    return batch * nheads * cdiv(seqlen_q, STAT_PAD) * STAT_PAD * (head_dim + 2) * 4
 
 
 def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):

@@ -228,6 +228,13 @@ FORWARD_KEY_CHUNK: int | None = 65536
 KEY_CHUNK_STATE_MAX_FREE_FRACTION = 0.5
 
 
+def free_memory_bytes(device: torch.device) -> int:
+    """What a new allocation on this CUDA device can still get: the driver's free memory plus
+    the blocks PyTorch's allocator holds cached but unused."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
 def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, masked: bool = False,
                       state_bytes: int = 0) -> int | None:
     """Keys per forward launch, a multiple of block_n, or None for one launch.
@@ -244,9 +251,7 @@ def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, masked:
         chunk = FORWARD_KEY_CHUNK if device.type == "cuda" and not triton_interpreted() else None
         if chunk is None or seqlen_k <= chunk or masked:
             return None
-        free, _ = torch.cuda.mem_get_info(device)
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        if state_bytes > KEY_CHUNK_STATE_MAX_FREE_FRACTION * free:
+        if state_bytes > KEY_CHUNK_STATE_MAX_FREE_FRACTION * free_memory_bytes(device):
             return None
     if not chunk:  # None, or an override of 0: one launch
         return None
