@@ -8,7 +8,7 @@ two-pass backward, on one GPU, same inputs.
    fwd+bwd TF/s by the standard formula (3.5x the forward's 4·B·H·N²·D, halved when causal),
    and cuDNN's fwd+bwd through SDPA in the same process.
 
-    python benchmarks/sm90_bwd_probe.py --out X.json [--skip-time]
+    python benchmarks/sm90_bwd_probe.py --out X.json [--skip-time] [--only NAMES] [--hd64-tiles 64,128]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ TIMED = [
     ("H16 N16k hd128", 1, 16, 16384, 128, False),
     ("H16 N16k hd128 causal", 1, 16, 16384, 128, True),
     ("H8 N64k hd128", 1, 8, 65536, 128, False),
+    ("H32 N16k hd64", 1, 32, 16384, 64, False),  # with --hd64-tiles only
 ]
 
 
@@ -53,8 +54,9 @@ def _err(x, ref):
     return (x.double() - ref).abs().max().item()
 
 
-def check(rows):
-    for b, sq, sk, h, hk, d, causal in CHECKS:
+def check(rows, head_dim=128):
+    for b, sq, sk, h, hk, _, causal in CHECKS:
+        d = head_dim
         torch.manual_seed(sq * 7 + sk)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -84,6 +86,8 @@ def check(rows):
 def time(rows, only=None):
     for name, b, h, n, d, causal in TIMED:
         if only and not any(part == name for part in only.split(",")):
+            continue
+        if d not in backward_sm90.TILES:
             continue
         torch.manual_seed(0)
         q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -127,9 +131,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-time", action="store_true")
     ap.add_argument("--only", help="time only these shapes (names, comma-separated)")
+    ap.add_argument("--hd64-tiles", help="BLOCK_M,BLOCK_N: let head dim 64 take the Gluon kernel with these "
+                    "tiles (the product keeps the two passes there) and run the checks at head dim 64")
     args = ap.parse_args()
+    if args.hd64_tiles:
+        backward_sm90.TILES[64] = tuple(int(x) for x in args.hd64_tiles.split(","))
     rows = []
-    check(rows)
+    check(rows, 64 if args.hd64_tiles else 128)
     if not args.skip_time:
         time(rows, args.only)
     with open(args.out, "w") as f:

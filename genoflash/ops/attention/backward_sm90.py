@@ -201,20 +201,31 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_sme
 
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    # Head dim 64 has registers to spare (hd128 does not): there K and V, the left operands of S^T
+    # and dP^T in every step, are read from shared memory once and held in registers, which halves
+    # those matmuls' shared-memory reads; and P stays in float32 for dS (no 16-bit round trip).
+    SMALL_HEAD: gl.constexpr = HEAD_DIM <= 64
+    kv_a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
     keys = n0 + gl.arange(0, BLOCK_N, layout=row_layout)
     mbarrier.wait(kv_bar.index(0), 0)
+    if SMALL_HEAD:
+        k_op = k_tile.load(kv_a_layout)
+        v_op = v_tile.load(kv_a_layout)
+    else:
+        k_op = k_tile
+        v_op = v_tile
 
     for i in range(n_steps):
         buf = i % NUM_BUF
         mbarrier.wait(ready.index(buf), (i // NUM_BUF) & 1)
         q_tile = q_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
-        s_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(k_op, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_op, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         lse2 = lse2_smem.index(buf).load(col_layout)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = gl.exp2(s * qk_scale_log2 - lse2[None, :])
@@ -228,8 +239,11 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_sme
         dv_tok = warpgroup_mma(gl.convert_layout(p16, a_layout), do_tile, dv, is_async=True)
         delta = delta_smem.index(buf).load(col_layout)
         dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        # P's 16-bit copy (the dV operand) stands in for P here: one tile of registers less.
-        ds16 = (p16.to(gl.float32) * (dp - delta[None, :])).to(dtype)
+        if SMALL_HEAD:
+            ds16 = (p * (dp - delta[None, :])).to(dtype)
+        else:
+            # P's 16-bit copy (the dV operand) stands in for P here: one tile of registers less.
+            ds16 = (p16.to(gl.float32) * (dp - delta[None, :])).to(dtype)
         dk_tok = warpgroup_mma(gl.convert_layout(ds16, a_layout), q_tile, dk, is_async=True)
         ds_buf = ds_smem.index(i % 2)
         ds_buf.store(ds16)
