@@ -32,6 +32,7 @@ def sm90_calls(monkeypatch):
     """How many backward passes went through the Gluon kernel. It is taken at every length here
     (MIN_SEQLEN keeps it from short sequences in use; the kernel itself works at any length)."""
     monkeypatch.setattr(backward_sm90, "MIN_SEQLEN", 0)
+    monkeypatch.setattr(backward_sm90, "MIN_SEQLEN_CAUSAL", 0)
     calls = []
     real = backward_sm90.attention_backward_sm90
 
@@ -146,6 +147,11 @@ def test_dispatch_rule():
         assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
         short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN - 1)]
         assert not backward_sm90.applies(*short, args)
+        # Causal takes it from MIN_SEQLEN_CAUSAL on (shorter causal programs run too few steps).
+        g = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN_CAUSAL)]
+        assert backward_sm90.applies(*g, causal)
+        short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN_CAUSAL - 1)]
+        assert not backward_sm90.applies(*short, causal) and backward_sm90.applies(*short, args)
 
 
 @pytest.mark.usefixtures("poison_allocations")

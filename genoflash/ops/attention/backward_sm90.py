@@ -62,12 +62,16 @@ from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 # compiles and is correct, but measured slower than the two triton passes (16.5 against 15.8 ms at
 # H32 N16k; NOTES.md, nineteenth session), so it runs those.
 TILES = {128: (64, 128)}
-# Shorter sequences keep the triton passes. The Gluon backward was timed faster at N = 16k and 64k
-# (NOTES.md, nineteenth session); at N <= 1,024 the backward is host-bound on the H200 (NOTES.md,
-# eighteenth session), and this path launches three kernels through triton's own launcher where
-# the two passes launch two through launch.py's cached fast path. Between 2,048 and 16k it has not
-# been timed; its device time per tile pair is the 16k one's.
+# Shorter sequences keep the triton passes. Timed on the H200 (bench attention, the papers'
+# sweep at hd128 bf16, 16k tokens per batch, deterministic=True beside the default in one process;
+# results/h200-2026-12-01-sweep-hd128-onepass-63ae093.json), fwd+bwd TF/s, two passes -> Gluon:
+# full 2,048 401.7 -> 438.5, 4,096 417.7 -> 469.4, 16k 438.6 -> 489.9; causal 2,048 333.8 -> 255.9
+# (its backward as slow as the full one's, cause not established), 4,096 366.7 -> 414.8.
+# At N <= 1,024 the backward is host-bound (NOTES.md, eighteenth session), and this path
+# launches three kernels through triton's own launcher where the two passes launch two through
+# launch.py's cached fast path.
 MIN_SEQLEN = 2048
+MIN_SEQLEN_CAUSAL = 4096
 # The float32 dQ accumulator, (batch * heads, seqlen, head_dim), is 2x dq and lives through the
 # backward: at N = 16k-1M the fwd+bwd peak is 1.25x the floor (q, k, v, dout, out, dq, dk, dv) that
 # the two passes keep (measured at 16k: 194 against 129 MiB of extra memory; flash-attn and cuDNN
@@ -384,11 +388,12 @@ def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
 
 def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
     """Whether attention_backward takes this kernel: deterministic=False, an sm_90 GPU (wgmma is
-    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN queries or keys, `supports`, and
+    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN (causal: MIN_SEQLEN_CAUSAL) queries or
+    keys, `supports`, and
     room for the float32 dQ accumulator (ACCUM_MAX_FREE_FRACTION)."""
     if not _enabled or not descriptors._enabled or a.deterministic or triton_interpreted() or not q.is_cuda:
         return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
-    if max(q.shape[1], k.shape[1]) < MIN_SEQLEN:
+    if max(q.shape[1], k.shape[1]) < (MIN_SEQLEN_CAUSAL if a.causal_only else MIN_SEQLEN):
         return False
     if descriptors.device_capability(q.device) != (9, 0) or not supports(q, k, v, dout, out, a):
         return False
