@@ -1,6 +1,6 @@
 """The Gluon one-pass backward for Hopper (ops/attention/backward_sm90.py).
 
-deterministic=False (the default) takes it on an sm_90 GPU for 16-bit attention with head dim 128,
+deterministic=False (the default) takes it on an sm_90 GPU for 16-bit attention with head dim 64 or 128,
 fixed lengths, full or causal, no other feature. On the GPU each case is checked against a
 float64 reference under the error rule, with every allocation NaN-poisoned and the dispatch
 watched, so that a silent fall back to the triton backward fails the test. Where it must not be
@@ -67,9 +67,10 @@ def _check(q, k, v, dout, calls, **features):
     (2, 1, 1), (2, 17, 17), (1, 129, 129), (2, 1000, 1000), (1, 300, 1200), (1, 1200, 300), (3, 257, 513),
     (1, 2048, 2048),
 ])
-def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype, sm90_calls):
-    torch.manual_seed(seqlen_q * 31 + seqlen_k)
-    q, k, v, dout = _qkv(batch, seqlen_q, seqlen_k, 2, 2, 128, dtype)
+@pytest.mark.parametrize("d", [128, 64])
+def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype, d, sm90_calls):
+    torch.manual_seed(seqlen_q * 31 + seqlen_k + d)
+    q, k, v, dout = _qkv(batch, seqlen_q, seqlen_k, 2, 2, d, dtype)
     _check(q, k, v, dout, sm90_calls, causal=causal)
 
 
@@ -77,10 +78,11 @@ def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype
 @pytest.mark.gpu
 @pytest.mark.usefixtures("poison_allocations")
 @pytest.mark.parametrize("nheads_k", [2, 1], ids=["gqa", "mqa"])
-def test_gluon_backward_gqa(nheads_k, sm90_calls):
+@pytest.mark.parametrize("d", [128, 64])
+def test_gluon_backward_gqa(nheads_k, d, sm90_calls):
     """Each program streams the query tiles of every query head in its K/V head's group."""
     torch.manual_seed(40 + nheads_k)
-    q, k, v, dout = _qkv(2, 777, 1000, 4, nheads_k, 128, torch.bfloat16)
+    q, k, v, dout = _qkv(2, 777, 1000, 4, nheads_k, d, torch.bfloat16)
     _check(q, k, v, dout, sm90_calls, causal=True)
 
 
@@ -100,7 +102,7 @@ def test_gluon_backward_strided_inputs(sm90_calls):
 @sm90
 @pytest.mark.gpu
 def test_gluon_backward_is_not_taken_where_it_does_not_apply(sm90_calls):
-    """deterministic=True, every other feature, head dim 64, fp32 and misaligned tensors run
+    """deterministic=True, every other feature, head dim 96, fp32 and misaligned tensors run
     the triton backward; use_sm90_backward(False) turns it off."""
     torch.manual_seed(42)
     q, k, v, dout = _qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
@@ -109,7 +111,7 @@ def test_gluon_backward_is_not_taken_where_it_does_not_apply(sm90_calls):
               dict(alibi_slopes=torch.rand(2, device="cuda")), dict(rotary_cos=cos, rotary_sin=sin)]
     for features in others:
         outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features), q, k, v, dout)
-    for qkv in (_qkv(1, 200, 200, 2, 2, 64, torch.bfloat16)[:3], _qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3]):
+    for qkv in (_qkv(1, 200, 200, 2, 2, 96, torch.bfloat16)[:3], _qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3]):
         outputs_and_grads(genoflash.flash_attn_func, *qkv, torch.randn_like(qkv[0]))
     # A q whose base is off 16-byte alignment cannot be a TMA descriptor.
     q_mis = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape).requires_grad_()
@@ -131,8 +133,8 @@ def test_dispatch_rule():
     args = AttentionArgs(0.1, deterministic=False)
     causal = AttentionArgs(0.1, -1, 0, deterministic=False)
     assert backward_sm90.supports(*tensors(), args) and backward_sm90.supports(*tensors(), causal)
-    assert not backward_sm90.supports(*tensors(64), args) and not backward_sm90.supports(*tensors(96), args)
-    assert not backward_sm90.supports(*tensors(128, 64), args)
+    assert backward_sm90.supports(*tensors(64), args) and not backward_sm90.supports(*tensors(96), args)
+    assert not backward_sm90.supports(*tensors(128, 64), args) and not backward_sm90.supports(*tensors(256), args)
     assert not backward_sm90.supports(*tensors(dtype=torch.float32), args)
     for other in (AttentionArgs(0.1, 30, 30), AttentionArgs(0.1, softcap=5.0),
                   AttentionArgs(0.1, alibi_slopes=torch.rand(4)), AttentionArgs(0.1, dropout=DropoutArgs(0.1, 1, 0))):

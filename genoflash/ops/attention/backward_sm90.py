@@ -26,7 +26,7 @@ dS^T goes through shared memory and the compute warps meet at two barriers per q
 light triton passes surround the kernel: delta = rowsum(O * dO) and lse2 before (with the dQ
 accumulator zeroed), dQ's scaling and cast after.
 
-Taken where it applies (`applies`): sm_90, 16-bit, head dim 128 (Q/K and V alike), fixed lengths,
+Taken where it applies (`applies`): sm_90, 16-bit, head dim 64 or 128 (Q/K and V alike), fixed lengths,
 full or causal attention without dropout, RoPE, ALiBi, softcap or window, TMA-aligned tensors,
 and deterministic=False (the copy engine sums dQ in no fixed order). Everything else runs
 backward.py. Not under the Triton interpreter (it has no Gluon): CPU tests check the dispatch
@@ -59,9 +59,10 @@ from .softmax import LOG2E_HOST, _lse_for_recompute, _rowsum_o_do
 from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 
 # head dim -> (query rows per step, keys per program: two warpgroups of BLOCK_N / 2). Head dim 64
-# compiles and is correct, but measured slower than the two triton passes (16.5 against 15.8 ms at
-# H32 N16k; NOTES.md, nineteenth session), so it runs those.
-TILES = {128: (64, 128)}
+# with K and V held in registers (SMALL_HEAD below): backward 12.83 against the two passes'
+# 15.79 ms at H32 N16k bf16 (results/h200-2026-12-01-sm90-bwd-hd64-c377aea.json); without that, 16.5
+# against 15.8 (NOTES.md, nineteenth session). Larger query steps at hd64 spilled.
+TILES = {128: (64, 128), 64: (64, 128)}
 # Shorter sequences keep the triton passes. Timed on the H200 (bench attention, the papers'
 # sweep at hd128 bf16, 16k tokens per batch, deterministic=True beside the default in one process;
 # results/h200-2026-12-01-sweep-hd128-onepass-63ae093.json), fwd+bwd TF/s, two passes -> Gluon:
