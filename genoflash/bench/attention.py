@@ -368,7 +368,7 @@ def plot(report: dict, path: Path) -> None:
                bbox_to_anchor=(0.5, -0.03), frameon=False)
     meta = report["metadata"]
     fig.suptitle(f"attention {meta['dtype']} on {meta['device']}  ({meta['date'][:10]}, "
-                 f"{meta['git_commit'][:10]})")
+                 f"{meta['git_commit'][:32]})")
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
