@@ -8,7 +8,7 @@ two-pass backward, on one GPU, same inputs.
    fwd+bwd TF/s by the standard formula (3.5x the forward's 4·B·H·N²·D, halved when causal),
    and cuDNN's fwd+bwd through SDPA in the same process.
 
-    python benchmarks/sm90_bwd_probe.py --out X.json [--skip-time] [--only NAMES] [--hd64-tiles 64,128]
+    python benchmarks/sm90_bwd_probe.py --out X.json [--skip-time] [--only NAMES] [--head-dim 64]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ TIMED = [
     ("H16 N16k hd128", 1, 16, 16384, 128, False),
     ("H16 N16k hd128 causal", 1, 16, 16384, 128, True),
     ("H8 N64k hd128", 1, 8, 65536, 128, False),
-    ("H32 N16k hd64", 1, 32, 16384, 64, False),  # with --hd64-tiles only
+    ("H32 N16k hd64", 1, 32, 16384, 64, False),
     ("B8 H16 N2k hd128", 8, 16, 2048, 128, False),
     ("B8 H16 N2k hd128 causal", 8, 16, 2048, 128, True),
 ]
@@ -133,15 +133,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-time", action="store_true")
     ap.add_argument("--only", help="time only these shapes (names, comma-separated)")
-    ap.add_argument("--hd64-tiles", help="BLOCK_M,BLOCK_N: let head dim 64 take the Gluon kernel with these "
-                    "tiles (the product keeps the two passes there) and run the checks at head dim 64")
+    ap.add_argument("--head-dim", type=int, default=128, choices=sorted(backward_sm90.TILES),
+                    help="the checks' head dim")
     args = ap.parse_args()
-    if args.hd64_tiles:
-        backward_sm90.TILES[64] = tuple(int(x) for x in args.hd64_tiles.split(","))
     # The checks run the kernel at small sizes, which the dispatch keeps from it.
     backward_sm90.MIN_SEQLEN = backward_sm90.MIN_SEQLEN_CAUSAL = 0
     rows = []
-    check(rows, 64 if args.hd64_tiles else 128)
+    check(rows, args.head_dim)
     if not args.skip_time:
         time(rows, args.only)
     with open(args.out, "w") as f:

@@ -149,7 +149,7 @@ def test_dispatch_rule():
         assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
         short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN - 1)]
         assert not backward_sm90.applies(*short, args)
-        # Causal takes it from MIN_SEQLEN_CAUSAL on (shorter causal programs run too few steps).
+        # Causal takes it from MIN_SEQLEN_CAUSAL on (below, its host time outweighs its kernels').
         g = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN_CAUSAL)]
         assert backward_sm90.applies(*g, causal)
         short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN_CAUSAL - 1)]

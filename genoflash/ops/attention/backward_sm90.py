@@ -66,17 +66,20 @@ TILES = {128: (64, 128), 64: (64, 128)}
 # Shorter sequences keep the triton passes. Timed on the H200 (bench attention, the papers'
 # sweep at hd128 bf16, 16k tokens per batch, deterministic=True beside the default in one process;
 # results/h200-2026-12-01-sweep-hd128-onepass-63ae093.json), fwd+bwd TF/s, two passes -> Gluon:
-# full 2,048 401.7 -> 438.5, 4,096 417.7 -> 469.4, 16k 438.6 -> 489.9; causal 2,048 333.8 -> 255.9
-# (its backward as slow as the full one's, cause not established), 4,096 366.7 -> 414.8.
+# full 2,048 401.7 -> 438.5, 4,096 417.7 -> 469.4, 16k 438.6 -> 489.9; causal 2,048 333.8 -> 255.9,
+# 4,096 366.7 -> 414.8. At causal 2,048 the kernel itself is the faster (0.985 against 1.077 ms,
+# sm90_bwd_probe.py, results/h200-2026-12-01-sm90-bwd-hd64-c377aea.json) but the call is not: its
+# kernels take less time than its host work (not yet profiled: triton's launcher for three
+# launches, seven descriptors, the free-memory query), so causal keeps the two passes to 4,096.
 # At N <= 1,024 the backward is host-bound (NOTES.md, eighteenth session), and this path
 # launches three kernels through triton's own launcher where the two passes launch two through
 # launch.py's cached fast path.
 MIN_SEQLEN = 2048
 MIN_SEQLEN_CAUSAL = 4096
 # The float32 dQ accumulator, (batch * heads, seqlen, head_dim), is 2x dq and lives through the
-# backward: at N = 16k-1M the fwd+bwd peak is 1.25x the floor (q, k, v, dout, out, dq, dk, dv) that
-# the two passes keep (measured at 16k: 194 against 129 MiB of extra memory; flash-attn and cuDNN
-# hold the same 1.25x). Where it (with lse2 and delta) would take more than this share of the
+# backward: the fwd+bwd peak is 1.25x the floor (q, k, v, dout, out, dq, dk, dv) that the two
+# passes keep (measured: 194 against 129 MiB of extra memory at H8 N16k; 1.26 GiB at N64k, where
+# cuDNN through SDPA takes 1.25). Where it (with lse2 and delta) would take more than this share of the
 # device's free memory, the two passes run instead: a genome-scale backward near the memory limit
 # stays at the floor rather than running out.
 ACCUM_MAX_FREE_FRACTION = 0.5
@@ -389,9 +392,8 @@ def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
 
 def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
     """Whether attention_backward takes this kernel: deterministic=False, an sm_90 GPU (wgmma is
-    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN (causal: MIN_SEQLEN_CAUSAL) queries or
-    keys, `supports`, and
-    room for the float32 dQ accumulator (ACCUM_MAX_FREE_FRACTION)."""
+    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN (causal: MIN_SEQLEN_CAUSAL) queries
+    or keys, `supports`, and room for the float32 dQ accumulator (ACCUM_MAX_FREE_FRACTION)."""
     if not _enabled or not descriptors._enabled or a.deterministic or triton_interpreted() or not q.is_cuda:
         return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
     if max(q.shape[1], k.shape[1]) < (MIN_SEQLEN_CAUSAL if a.causal_only else MIN_SEQLEN):
