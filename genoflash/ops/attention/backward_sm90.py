@@ -406,7 +406,12 @@ def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
 def accumulator_bytes(q: torch.Tensor) -> int:
     """What attention_backward_sm90 allocates beyond dq, dk, dv: dQ's float32 accumulator, lse2 and delta."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    return batch * nheads * cdiv(seqlen_q, STAT_PAD) * STAT_PAD * (head_dim + 2) * 4
+    return batch * nheads * _padded_rows(seqlen_q) * (head_dim + 2) * 4
+
+
+def _padded_rows(seqlen_q: int) -> int:
+    """Rows per head of lse2, delta and the dQ accumulator: seqlen_q rounded up to STAT_PAD."""
+    return cdiv(seqlen_q, STAT_PAD) * STAT_PAD
 
 
 def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):
@@ -415,7 +420,7 @@ def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     block_m, block_n = TILES[head_dim]
-    seqlen_pad = cdiv(seqlen_q, STAT_PAD) * STAT_PAD
+    seqlen_pad = _padded_rows(seqlen_q)
     delta = torch.empty((batch * nheads, seqlen_pad), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
     dq_accum = torch.empty((batch * nheads, seqlen_pad, head_dim), device=q.device, dtype=torch.float32)
