@@ -186,7 +186,6 @@ def main() -> None:
                 torch.autograd.grad(F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), (qt, kt, vt),
                                     dout.transpose(1, 2))
         row(f"sdpa-flash fwd+bwd, {tag}", sdpa, iters=100)
-        del q, k, v, dout, qt, kt, vt
     report = dict(run_metadata(), cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
                   method="median over 5 rounds of host microseconds per call (no synchronize inside a round)",
                   rows=rows)
