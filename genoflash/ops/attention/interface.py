@@ -251,10 +251,16 @@ class FlashAttnFunc(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args, ctx.backend = args, backend
         ctx.mark_non_differentiable(lse)
+        # lse has no gradient, and out's may be absent (a loss that does not use it): without
+        # this, autograd would allocate and zero-fill a tensor for each, one launch more per
+        # backward (and a whole backward pass of zeros for an unused out).
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:  # out reached no loss: no gradient flows to q, k or v
+            return None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(_last_dim_contiguous(dout), q, k, v, out, lse, ctx.args, ctx.backend)
         return dq, dk, dv, None, None
