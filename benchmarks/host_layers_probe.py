@@ -52,11 +52,14 @@ def patch(obj, name, label, static=False):
     setattr(obj, name, staticmethod(new) if static else new)
 
 
-def install() -> None:
+def install(outer_only: bool = False) -> None:
+    """Timers on every layer; with outer_only, only on those that leave launch plans usable
+    (plans.py makes no plan while a function of the launch code is replaced)."""
     from triton.backends.nvidia import driver as nv_driver
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
+    from genoflash.ops.attention import plans
     patch(genoflash, "flash_attn_func", "flash_attn_func")
     patch(interface, "_check_qkv", "  _check_qkv")
     patch(interface, "_attention_args", "  _attention_args")
@@ -64,6 +67,14 @@ def install() -> None:
     forward_fn, backward_fn = interface.FlashAttnFunc.forward, interface.FlashAttnFunc.backward
     interface.FlashAttnFunc.forward = staticmethod(timed("  FlashAttnFunc.forward", forward_fn))
     interface.FlashAttnFunc.backward = staticmethod(timed("FlashAttnFunc.backward (autograd's thread)", backward_fn))
+    patch(plans._Plan, "run", "      plan replay")
+    patch(nv_driver.CudaLauncher, "__call__", "          CudaLauncher.__call__")
+    if torch.cuda.is_available():  # (the CPU dry run of this probe has no driver)
+        patch(driver.active.utils, "fill_tma_descriptor", "            fill_tma_descriptor")
+    patch(torch, "empty", "  torch.empty (Python callers)")
+    patch(torch, "empty_like", "  torch.empty_like (Python callers)")
+    if outer_only:
+        return
     patch(fwd, "attention_forward", "    attention_forward")
     patch(bwd, "attention_backward", "  attention_backward")
     for mod, tag in ((fwd, "fwd"), (bwd, "bwd")):
@@ -85,11 +96,6 @@ def install() -> None:
     def getitem(self, grid):
         return timed("        CompiledKernel runner (fast launch)", original_getitem(self, grid))
     CompiledKernel.__getitem__ = getitem
-    patch(nv_driver.CudaLauncher, "__call__", "          CudaLauncher.__call__")
-    if torch.cuda.is_available():  # (the CPU dry run of this probe has no driver)
-        patch(driver.active.utils, "fill_tma_descriptor", "            fill_tma_descriptor")
-    patch(torch, "empty", "  torch.empty (Python callers)")
-    patch(torch, "empty_like", "  torch.empty_like (Python callers)")
     patch(torch, "zeros", "  torch.zeros (Python callers)")
 
 
@@ -117,10 +123,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--outer-only", action="store_true",
+                    help="timers only where launch plans stay usable (the calls as users make them)")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    report = dict(run_metadata(), method=__doc__.split("\n\n")[1], runs={})
-    install()
+    report = dict(run_metadata(), method=__doc__.split("\n\n")[1], outer_only=args.outer_only, runs={})
+    install(args.outer_only)
     for b, n, h, d, causal, det in ((32, 512, 16, 128, True, True), (32, 512, 32, 64, True, True),
                                     (8, 2048, 16, 128, False, False), (8, 2048, 16, 128, False, True)):
         q, k, v = (torch.randn(b, n, h, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

@@ -189,3 +189,41 @@ def test_light_passes_around_the_gluon_kernel(device):
         accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen, pad, 0.125, HEAD_DIM=d, BLOCK=64)
     want = (accum[:, :seqlen] * 0.125).view(batch, nheads, seqlen, d).transpose(1, 2).half()
     assert torch.equal(dq, want)
+
+
+@pytest.mark.parametrize("unchecked", [True, False])
+def test_descriptors_equal_gluon_s_checked_constructor(unchecked, monkeypatch):
+    """backward_sm90 builds its seven Gluon TensorDescriptors per call without the dataclass's
+    checks (33 us each on the H200's host) and with layouts computed once per shape; what it builds
+    must be what the checked constructor builds from the same layouts, field for field."""
+    import dataclasses
+
+    import triton
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if triton.__version__.startswith("3.6."):  # the version the project pins: the fast form is in use
+        assert backward_sm90._UNCHECKED_DESCRIPTORS
+    monkeypatch.setattr(backward_sm90, "_UNCHECKED_DESCRIPTORS", unchecked)
+    q = torch.randn(2, 130, 6, 128, dtype=torch.bfloat16)[:, :, 1:5]  # a head slice: the parent's strides
+    stat = torch.randn(8, 256)
+    accum = torch.randn(8, 256, 64)
+    tile = gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16)
+    want = [
+        (backward_sm90._tile_descriptor(q, 64),
+         TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 64, 1, 128],
+                          gl.NVMMASharedLayout(tile.swizzle_byte_width, tile.element_bitwidth, rank=4))),
+        (backward_sm90._stat_descriptor(stat, 64),
+         TensorDescriptor(stat, [stat.numel()], [1], [64], gl.NVMMASharedLayout(0, 32, rank=1))),
+        (backward_sm90._accum_descriptor(accum, 64),
+         TensorDescriptor(accum.view(-1, 64), [8 * 256, 64], [64, 1], [64, 64],
+                          gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32))),
+    ]
+    for got, ref in want:
+        assert type(got) is TensorDescriptor
+        for field in dataclasses.fields(TensorDescriptor):
+            a, b = getattr(got, field.name), getattr(ref, field.name)
+            if field.name == "base":
+                assert a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            else:
+                assert a == b and type(a) is type(b), field.name

@@ -93,6 +93,7 @@ def test_default_chunking_stands_aside_where_it_cannot_help_or_fit(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 141 * gib))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * gib)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 * gib)
+    monkeypatch.setattr(configs, "_total_memory", {})  # the faked device's total, read afresh
     chunk = configs.FORWARD_KEY_CHUNK
     assert chunk and chunk % 128 == 0
     n = 4 * chunk
@@ -108,3 +109,38 @@ def test_default_chunking_stands_aside_where_it_cannot_help_or_fit(monkeypatch):
         assert configs.forward_key_chunk(n, 128, cuda, masked=True, state_bytes=100 * gib) == 896
     with override_configs(key_chunk=0):
         assert configs.forward_key_chunk(n, 128, cuda, state_bytes=gib) is None
+
+
+def test_small_buffers_fit_without_asking_the_driver(monkeypatch):
+    """The driver's free-memory query waits for the device's queued work (a sync per call: 442 us
+    inside a short backward on the H200), so fits_in_free_memory answers without it for buffers
+    of at most SMALL_BUFFER_FRACTION of the device's memory, and asks for larger ones. A fraction
+    of 0 never fits (tests use it to force the memory-lean path). Faked device, so on the CPU too."""
+    from genoflash.ops.attention import configs
+    cuda = torch.device("cuda")
+    gib = 2**30
+    asked = []
+
+    def mem_get_info(device=None):
+        asked.append(device)
+        return 10 * gib, 128 * gib
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 * gib)
+    monkeypatch.setattr(configs, "_total_memory", {})
+    small = int(configs.SMALL_BUFFER_FRACTION * 128 * gib)
+    assert configs.fits_in_free_memory(small, 0.5, cuda) and len(asked) == 1  # the total, read once
+    for _ in range(3):
+        assert configs.fits_in_free_memory(small, 0.5, cuda)
+    assert len(asked) == 1
+    # Past the small share: asked each time; 10 GiB free + 2 GiB cached, half of it is 6 GiB.
+    assert configs.fits_in_free_memory(6 * gib, 0.5, cuda) and len(asked) == 2
+    assert not configs.fits_in_free_memory(6 * gib + 1, 0.5, cuda) and len(asked) == 3
+    assert not configs.fits_in_free_memory(1, 0.0, cuda)
+    # The one-pass backward's rule goes through it: a small accumulator is taken without a query.
+    from genoflash.ops.attention import backward_sm90
+    q = torch.empty(8, 2048, 16, 128, device="meta")
+    assert backward_sm90.accumulator_bytes(q) <= small
+    n = len(asked)
+    assert configs.fits_in_free_memory(backward_sm90.accumulator_bytes(q), backward_sm90.ACCUM_MAX_FREE_FRACTION,
+                                       cuda) and len(asked) == n

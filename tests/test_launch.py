@@ -131,6 +131,59 @@ def test_launch_calls_the_cached_kernel_with_triton_s_arguments(fast):
     assert len(kernel.compiles) == 5
 
 
+def test_direct_launch_passes_tensors_as_addresses(fast, monkeypatch):
+    """A compiled kernel with triton's launcher fields is called through its launcher as the
+    runner would call it, each tensor given as its address (so triton's C launcher neither calls
+    data_ptr() nor asks the driver about it), descriptors and scalars as they are; with a launch
+    -enter hook set (a profiler reading the tensors), through the runner with the tensors."""
+    from triton import knobs
+
+    class Compiled:
+        function, packed_metadata = 1234, (8, 1, 4096)
+
+        def __init__(self):
+            self.direct, self.runner = [], []
+
+        def run(self, *args):
+            self.direct.append(args)
+
+        def __getitem__(self, grid):
+            return lambda *args: self.runner.append((grid, args))
+
+    compiled = Compiled()
+
+    class Kernel:
+        fn = types.SimpleNamespace(__name__="_direct_kernel")
+        arg_names = ["X", "D", "n", "BLOCK"]
+        params = [types.SimpleNamespace(do_not_specialize=False) for _ in arg_names]
+
+        def __getitem__(self, grid):
+            return lambda *args, num_warps, num_stages, **constexprs: compiled
+
+    monkeypatch.setattr(launcher, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 77)))
+    kernel, cfg = Kernel(), TileConfig(64, 32, 4, 3)
+    x = torch.randn(64)
+    t = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+    desc = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 16, 1, 64])
+    launcher.launch(kernel, (5, 2), cfg, x, desc, 16, BLOCK=64)  # compiles
+    launcher.launch(kernel, (5, 2), cfg, x, desc, 16, BLOCK=64)
+    assert compiled.direct == [(5, 2, 1, 77, 1234, (8, 1, 4096), None, None, None, x.data_ptr(), desc, 16, 64)]
+    assert type(compiled.direct[0][9]) is int
+    # triton's default hooks are empty chains: nothing to call, so the direct path stands.
+    assert not launcher._hooked(knobs.runtime.launch_enter_hook) and not launcher._hooked(None)
+    chain = type(knobs.runtime.launch_enter_hook)()
+    chain.add(lambda metadata: None)
+    for hook in ("launch_enter_hook", "launch_exit_hook"):
+        with monkeypatch.context() as m:
+            m.setattr(knobs.runtime, hook, chain)
+            launcher.launch(kernel, (5, 2), cfg, x, desc, 16, BLOCK=64)
+    m = monkeypatch
+    m.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)  # a plain function is a hook too
+    launcher.launch(kernel, (5, 2), cfg, x, desc, 16, BLOCK=64)
+    assert len(compiled.direct) == 1 and compiled.runner == [((5, 2, 1), (x, desc, 16, 64))] * 3
+
+
 def test_fast_path_keeps_the_variant_that_built(fast):
     """After a TMA variant failed to build, the cached kernel is the pointer-load one and the
     direct call passes TMA=False, as the usual path would."""
@@ -178,9 +231,11 @@ def test_fast_path_is_off_under_the_interpreter_and_when_asked(monkeypatch):
                                       dict(dropout_p=0.1, dropout_seed=3)], ids=["full", "causal", "window",
                                                                                    "dropout"])
 def test_fast_path_equals_the_usual_launch_on_gpu(features, monkeypatch):
-    """Fwd+bwd with the fast path (second and later calls) against the same calls through
-    triton's binder, bit for bit; then inputs that specialise differently (a q whose data
-    pointer is off 16-byte alignment, other lengths) after the cache is warm."""
+    """Fwd+bwd with the fast path and launch plans (second and later calls of a kind are replayed
+    from their plan, plans.py) against the same calls through triton's binder, bit for bit; with
+    inputs that specialise differently (a q whose data pointer is off 16-byte alignment, other
+    lengths) between repeats. Dropout makes no plan (its seed is per call): the fast path alone."""
+    from genoflash.ops.attention import plans
     torch.manual_seed(0)
 
     def inputs(n, misaligned=False):
@@ -195,16 +250,71 @@ def test_fast_path_equals_the_usual_launch_on_gpu(features, monkeypatch):
         out = genoflash.flash_attn_func(*qkv, deterministic=True, **features)
         return (out, *torch.autograd.grad(out, qkv, dout))
 
-    cases = [inputs(256), inputs(256), inputs(257), inputs(256, misaligned=True), inputs(256)]
+    cases = [inputs(256), inputs(256), inputs(257), inputs(256, misaligned=True), inputs(256), inputs(257),
+             inputs(256, misaligned=True)]
     monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "0")
     usual = [run(*case) for case in cases]
     monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "1")
-    before = launcher.fast_launches
+    monkeypatch.setattr(plans, "_plans", {})
+    before, replays = launcher.fast_launches, plans.replays
     fast = [run(*case) for case in cases]
-    assert launcher.fast_launches > before
+    if "dropout_p" in features:
+        assert plans.replays == replays and launcher.fast_launches > before
+    else:  # forward and backward of cases 1, 4, 5 and 6 come from plans
+        assert plans.replays == replays + 8
     for i, (a, b) in enumerate(zip(usual, fast)):
         for name, x, y in zip(("out", "dq", "dk", "dv"), a, b):
             assert torch.equal(x, y), f"case {i}: {name}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU")
+def test_plans_replay_the_gluon_backward_and_refuse_the_group_split_on_gpu(monkeypatch):
+    """The Gluon one-pass backward (three launches, float32 buffers of its own) replayed from its
+    plan equals the same call without plans: out, dk and dv bit for bit, dq (summed in float32 in no
+    fixed order) to float32 rounding. A GQA backward whose dK/dV pass splits the group (torch ops of
+    its own: a sum and copies) gets no plan, and its gradients are those of the usual path."""
+    from genoflash.ops.attention import backward_sm90, plans
+    torch.manual_seed(1)
+    monkeypatch.setattr(plans, "_plans", {})
+
+    def run(q, k, v, dout, **kw):
+        out = genoflash.flash_attn_func(q, k, v, **kw)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    def qkv(n, h, hk):
+        q = torch.randn(1, n, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(1, n, hk, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        return q, k, v, torch.randn_like(q)
+
+    calls, real = [], backward_sm90.attention_backward_sm90
+    case = qkv(backward_sm90.MIN_SEQLEN, 4, 4)
+    with plans.use_plans(False):
+        want = run(*case, causal=False)
+    replays = plans.replays
+    got = [run(*case, causal=False) for _ in range(3)]  # recorded, then replayed twice
+    assert plans.replays == replays + 4
+    monkeypatch.setattr(backward_sm90, "attention_backward_sm90", lambda *a: calls.append(1) or real(*a))
+    with plans.use_plans(False):
+        run(*case, causal=False)
+    assert calls, "the Gluon backward does not apply to this case"
+    for g in got:
+        for name, x, y in zip(("out", "dq", "dk", "dv"), want, g):
+            if name == "dq":
+                torch.testing.assert_close(x.float(), y.float(), rtol=0, atol=2e-2 * y.abs().max().item())
+            else:
+                assert torch.equal(x, y), name
+    # MQA at 4,096 tokens: 32 dK/dV programs for 132 SMs, so its heads split over programs.
+    case = qkv(4096, 16, 1)
+    with plans.use_plans(False):
+        want = run(*case, causal=True, deterministic=True)
+    keys = set(plans._plans)
+    for _ in range(2):
+        got = run(*case, causal=True, deterministic=True)
+    new = [key for key in plans._plans if key not in keys]
+    assert [key[0] for key in new] == ["fwd", "bwd"] and plans._plans[new[1]] is None
+    for name, x, y in zip(("out", "dq", "dk", "dv"), want, got):
+        assert torch.equal(x, y), name
 
 
 def test_host_integer_helpers_equal_triton_s():

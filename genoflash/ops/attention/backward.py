@@ -26,9 +26,9 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from ..host import cdiv
-from . import backward_sm90
+from . import backward_sm90, plans
 from .block_info import _kv_block_range, _q_block_range
-from .configs import TileConfig, backward_config, dkdv_group_split, value_blocks
+from .configs import LIGHT_PASS_TILES, backward_config, dkdv_group_split, value_blocks
 from .launch import launch
 from .args import AttentionArgs
 from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
@@ -45,10 +45,6 @@ from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _
                     _load_tile_tma_at, _row_ptr, _store_tile)
 
 
-# The one-pass backward's two light passes (delta before it, its dQ conversion after) launch
-# with triton's defaults (4 warps, 3 stages; they have no loop to pipeline). Their row block comes
-# as the BLOCK_M constexpr, so the config's block sizes are unused.
-_LIGHT_PASS_TILES = TileConfig(block_m=0, block_n=0, num_warps=4, num_stages=3)
 
 
 @triton.jit
@@ -538,7 +534,13 @@ def _attn_bwd_dq_convert_kernel(
 
 
 def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
-    """Returns (dq, dk, dv) in the dtypes and layouts of q, k, v. All inputs have a contiguous last dim."""
+    """Returns (dq, dk, dv) in the dtypes and layouts of q, k, v. All inputs have a contiguous last
+    dim. A repeated kind of call is replayed from its launch plan (plans.py)."""
+    return plans.planned(plans.backward_key(dout, q, k, v, out, lse, a), (dout, q, k, v, out, lse),
+                         lambda: _attention_backward(dout, q, k, v, out, lse, a))
+
+
+def _attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     if backward_sm90.applies(q, k, v, dout, out, a):  # Hopper, deterministic=False: one pass, in Gluon
         return backward_sm90.attention_backward_sm90(dout, q, k, v, out, lse, a)
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
@@ -558,7 +560,7 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     if fused:
         num_m_pre = cdiv(seqlen_q, cfg.preprocess_block)
         # Through launch(), as every pass: its fast path skips triton's binder on repeated calls.
-        launch(_attn_bwd_preprocess_kernel, (num_m_pre * batch * nheads,), _LIGHT_PASS_TILES,
+        launch(_attn_bwd_preprocess_kernel, (num_m_pre * batch * nheads,), LIGHT_PASS_TILES,
             out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
             stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
             HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v), BLOCK_M=cfg.preprocess_block,
@@ -612,7 +614,10 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     # pass scales, unrotates and casts it. Allowed by deterministic=False, taken where the tile
     # table says it pays (BackwardConfig.one_pass).
     dkdv_cfg = (cfg.fused_dkdv or cfg.dkdv) if fused else cfg.dkdv
-    dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else dq
+    dq_accum = dq
+    if fused:
+        dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        plans.not_replayable()  # the zero fill is a torch op of its own
     # Where TMA applies, each dQ share goes in as one bulk reduction by the copy engine. Not in
     # the interpreter: triton 3.6's has descriptor loads and stores but no descriptor reductions.
     dq_tma = fused and tma and not triton_interpreted()
@@ -646,11 +651,12 @@ def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     if splits > 1:  # a fixed-order sum in float32, one rounding to the gradients' dtype
         dk.copy_(dk_out.sum(0))
         dv.copy_(dv_out.sum(0))
+        plans.not_replayable()  # torch ops of its own
 
     if fused:
         block = cfg.preprocess_block
         num_m_conv = cdiv(seqlen_q, block)
-        launch(_attn_bwd_dq_convert_kernel, (num_m_conv * batch * nheads,), _LIGHT_PASS_TILES,
+        launch(_attn_bwd_dq_convert_kernel, (num_m_conv * batch * nheads,), LIGHT_PASS_TILES,
             dq_accum, dq, a.cu_seqlens_q, a.cu_seqlens_k, a.rotary_cos, a.rotary_sin,
             *seq_strides(dq_accum, a.varlen), *seq_strides(dq, a.varlen), a.rotary_stride,
             nheads, seqlen_q, seqlen_k, num_m_conv, a.softmax_scale,

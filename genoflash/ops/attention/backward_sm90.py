@@ -36,6 +36,8 @@ rule and compile the kernel for sm_90 (tests/test_sm90_compile.py); the GPU test
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 
 import torch
@@ -53,8 +55,9 @@ from ...backends import triton_interpreted
 from ..host import cdiv
 from .args import AttentionArgs
 from . import descriptors
-from .configs import free_memory_bytes
+from .configs import LIGHT_PASS_TILES, TileConfig, fits_in_free_memory
 from .descriptors import _aligned
+from .launch import launch
 from .softmax import LOG2E_HOST, _lse_for_recompute, _rowsum_o_do
 from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 
@@ -63,6 +66,9 @@ from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 # 15.79 ms at H32 N16k bf16 (results/h200-2026-12-01-sm90-bwd-hd64-c377aea.json); without that, 16.5
 # against 15.8 (NOTES.md, nineteenth session). Larger query steps at hd64 spilled.
 TILES = {128: (64, 128), 64: (64, 128)}
+# Launch settings of the main kernel: 8 compute warps (its load and dQ warps come on top, from
+# gl.warp_specialize). num_stages does nothing in a Gluon kernel, which places its own buffers.
+_MAIN_TILES = {d: TileConfig(m, n, num_warps=8, num_stages=3) for d, (m, n) in TILES.items()}
 # Shorter sequences keep the triton passes. Timed on the H200 (bench attention, the papers'
 # sweep at hd128 bf16, 16k tokens per batch, deterministic=True beside the default in one process;
 # results/h200-2026-12-01-sweep-hd128-onepass-63ae093.json), fwd+bwd TF/s, two passes -> Gluon:
@@ -342,24 +348,59 @@ def _attn_bwd_sm90_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
+# The descriptors are built per call, so their layouts are computed once per shape and the
+# descriptors without the dataclass's checks: with them, 33 us of host time each on the H200's
+# host (results/h200-2026-12-01-host-layers-933a612.json), seven per backward. What the checks
+# assert holds by construction: q, k, v, dout and out passed `supports` (16-byte aligned bases
+# and strides, a contiguous last dim), the float32 buffers are fresh contiguous allocations, every
+# size is >= 1 (the interface rejects empty inputs) and the boxes are powers of two.
+# tests/test_attention_sm90.py checks the result equals the checked constructor's.
+@functools.lru_cache(maxsize=None)
+def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], _GL_DTYPES[dtype])
+    return gl.NVMMASharedLayout(layout.swizzle_byte_width, layout.element_bitwidth, rank=4)
+
+
+@functools.lru_cache(maxsize=None)
+def _stat_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _accum_layout(rows: int, head_dim: int):
+    return gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.float32)
+
+
+# The fields _descriptor fills (triton 3.6); with any other set, the checked constructor.
+_UNCHECKED_DESCRIPTORS = (dataclasses.is_dataclass(TensorDescriptor) and not hasattr(TensorDescriptor, "__slots__")
+                          and {f.name for f in dataclasses.fields(TensorDescriptor)}
+                          == {"base", "shape", "strides", "block_shape", "layout", "padding"})
+
+
+def _descriptor(t: torch.Tensor, shape: list, strides: list, block_shape: list, layout) -> TensorDescriptor:
+    if not _UNCHECKED_DESCRIPTORS:
+        return TensorDescriptor(t, shape, strides, block_shape, layout)
+    d = TensorDescriptor.__new__(TensorDescriptor)
+    d.__dict__.update(base=t, shape=shape, strides=strides, block_shape=block_shape, layout=layout, padding="zero")
+    return d
+
+
 def _tile_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A 4-D descriptor over (batch, seqlen, heads, dim), one (1, rows, 1, dim) box per tile."""
     head_dim = t.shape[-1]
-    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], _GL_DTYPES[t.dtype])
-    layout = gl.NVMMASharedLayout(layout.swizzle_byte_width, layout.element_bitwidth, rank=4)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim], layout)
+    return _descriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim],
+                       _tile_layout(rows, head_dim, t.dtype))
 
 
 def _stat_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-    return TensorDescriptor(t, [t.numel()], [1], [block_m], layout)
+    return _descriptor(t, [t.numel()], [1], [block_m], _stat_layout())
 
 
 def _accum_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
     """dQ's float32 accumulator as (rows, HEAD_DIM), one (BLOCK_M, HEAD_DIM) box per reduction."""
     flat = t.view(-1, t.shape[-1])
-    layout = gl.NVMMASharedLayout.get_default_for([block_m, t.shape[-1]], gl.float32)
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_m, t.shape[-1]], layout)
+    return _descriptor(flat, list(flat.shape), list(flat.stride()), [block_m, t.shape[-1]],
+                       _accum_layout(block_m, t.shape[-1]))
 
 
 # False: attention_backward never takes this kernel (use_sm90_backward(False) in a block, or
@@ -400,7 +441,7 @@ def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
         return False
     if descriptors.device_capability(q.device) != (9, 0) or not supports(q, k, v, dout, out, a):
         return False
-    return accumulator_bytes(q) <= ACCUM_MAX_FREE_FRACTION * free_memory_bytes(q.device)
+    return fits_in_free_memory(accumulator_bytes(q), ACCUM_MAX_FREE_FRACTION, q.device)
 
 
 def accumulator_bytes(q: torch.Tensor) -> int:
@@ -425,20 +466,22 @@ def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):
     lse2 = torch.empty_like(delta)
     dq_accum = torch.empty((batch * nheads, seqlen_pad, head_dim), device=q.device, dtype=torch.float32)
     light = 64  # rows per program of the two light passes
-    _bwd_sm90_prologue_kernel[(seqlen_pad // light, batch * nheads)](
-        out, dout, lse, delta, lse2, dq_accum, out.stride(0), out.stride(1), out.stride(2), dout.stride(0),
-        dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen_q, seqlen_pad,
-        HEAD_DIM=head_dim, BLOCK=light)
+    # All three through launch(): after the first call of a shape its fast path calls the compiled
+    # kernels directly (triton's binding took ~100 us of host time per launch on the H200's host).
+    launch(_bwd_sm90_prologue_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS_TILES,
+           out, dout, lse, delta, lse2, dq_accum, out.stride(0), out.stride(1), out.stride(2), dout.stride(0),
+           dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen_q, seqlen_pad,
+           HEAD_DIM=head_dim, BLOCK=light)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    _attn_bwd_sm90_kernel[(cdiv(seqlen_k, block_n), batch * nheads_k)](
-        _tile_descriptor(q, block_m), _tile_descriptor(k, block_n), _tile_descriptor(v, block_n),
-        _tile_descriptor(dout, block_m), _stat_descriptor(lse2, block_m), _stat_descriptor(delta, block_m),
-        _accum_descriptor(dq_accum, block_m), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
-        nheads, nheads_k, seqlen_q, seqlen_k, seqlen_pad, a.softmax_scale * LOG2E_HOST, a.softmax_scale,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_BUF=NUM_BUF, CAUSAL=a.causal_only, num_warps=8)
+    launch(_attn_bwd_sm90_kernel, (cdiv(seqlen_k, block_n), batch * nheads_k), _MAIN_TILES[head_dim],
+           _tile_descriptor(q, block_m), _tile_descriptor(k, block_n), _tile_descriptor(v, block_n),
+           _tile_descriptor(dout, block_m), _stat_descriptor(lse2, block_m), _stat_descriptor(delta, block_m),
+           _accum_descriptor(dq_accum, block_m), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
+           nheads, nheads_k, seqlen_q, seqlen_k, seqlen_pad, a.softmax_scale * LOG2E_HOST, a.softmax_scale,
+           HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_BUF=NUM_BUF, CAUSAL=a.causal_only)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    _bwd_sm90_dq_kernel[(seqlen_pad // light, batch * nheads)](
-        dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen_q, seqlen_pad, a.softmax_scale,
-        HEAD_DIM=head_dim, BLOCK=light)
+    launch(_bwd_sm90_dq_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS_TILES,
+           dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen_q, seqlen_pad, a.softmax_scale,
+           HEAD_DIM=head_dim, BLOCK=light)
     return dq, dk, dv

@@ -58,6 +58,11 @@ class BackwardConfig:
     dkdv_mask_every_tile: bool = False
 
 
+# Light passes (the backward's delta and dQ-conversion passes beside the one-pass kernels) launch
+# with triton's defaults (4 warps, 3 stages; they have no loop to pipeline). Their row block comes
+# as a constexpr of their own, so the block sizes here are unused.
+LIGHT_PASS_TILES = TileConfig(block_m=0, block_n=0, num_warps=4, num_stages=3)
+
 # Uneven on purpose (BLOCK_M != BLOCK_N), like the GPU tilings, so CPU tests cross the same kinds
 # of tile boundaries.
 _INTERPRETER_FWD = TileConfig(64, 32)
@@ -230,9 +235,40 @@ KEY_CHUNK_STATE_MAX_FREE_FRACTION = 0.5
 
 def free_memory_bytes(device: torch.device) -> int:
     """What a new allocation on this CUDA device can still get: the driver's free memory plus
-    the blocks PyTorch's allocator holds cached but unused."""
-    free, _ = torch.cuda.mem_get_info(device)
+    the blocks PyTorch's allocator holds cached but unused. Asks the driver, which waits for the
+    device's queued work: call it through `fits_in_free_memory`."""
+    free, total = torch.cuda.mem_get_info(device)
+    _total_memory.setdefault(device.index, total)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+# The memory rules (the forward's key chunks, the one-pass backward's float32 dQ accumulator) ask
+# whether an extra buffer fits in a share of the free memory. The driver's answer (cudaMemGetInfo)
+# waits for the work queued on the device: inside a backward at B8 H16 N2048 hd128 it took 442 us
+# of host time against 10 us on an idle GPU (H200, results/h200-2026-12-01-host-layers-933a612.json),
+# a sync per call that kept the one-pass backward from short sequences. A buffer this small a
+# share of the device's memory is taken without asking: the two-pass alternative needs nearly as
+# much at that size (dq itself is half the accumulator), and a device that close to full is near
+# its limit either way. Larger buffers come with work that takes 0.1 s or more (an accumulator of
+# 1/128 of an H200 is B*H*N = 2.7M rows at hd128), beside which the query costs nothing.
+SMALL_BUFFER_FRACTION = 1 / 128
+_total_memory: dict[int | None, int] = {}  # CUDA device index -> total bytes, read once
+
+
+def _device_total_memory(device: torch.device) -> int:
+    total = _total_memory.get(device.index)
+    if total is None:
+        total = _total_memory[device.index] = torch.cuda.mem_get_info(device)[1]
+    return total
+
+
+def fits_in_free_memory(nbytes: int, fraction: float, device: torch.device) -> bool:
+    """Whether a buffer of nbytes takes at most `fraction` of what a new allocation on this CUDA
+    device can still get (free_memory_bytes). Without asking the driver where nbytes is at most
+    SMALL_BUFFER_FRACTION (and `fraction`) of the device's total memory."""
+    if nbytes <= min(SMALL_BUFFER_FRACTION, fraction) * _device_total_memory(device):
+        return True
+    return nbytes <= fraction * free_memory_bytes(device)
 
 
 def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, masked: bool = False,
@@ -251,7 +287,7 @@ def forward_key_chunk(seqlen_k: int, block_n: int, device: torch.device, masked:
         chunk = FORWARD_KEY_CHUNK if device.type == "cuda" and not triton_interpreted() else None
         if chunk is None or seqlen_k <= chunk or masked:
             return None
-        if state_bytes > KEY_CHUNK_STATE_MAX_FREE_FRACTION * free_memory_bytes(device):
+        if not fits_in_free_memory(state_bytes, KEY_CHUNK_STATE_MAX_FREE_FRACTION, device):
             return None
     if not chunk:  # None, or an override of 0: one launch
         return None

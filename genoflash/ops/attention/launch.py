@@ -19,21 +19,36 @@ its launcher, ~120 of the ~400 us a launch costs there; benchmarks/attention_hos
 NOTES.md sixteenth session): at short sequences the host, not the GPU, sets the pace. So once a
 launch has compiled, the compiled kernel is kept under a key made of everything its
 specialisation depends on (`specialisation_key`), and a later launch with the same key calls it
-directly (`CompiledKernel[grid](*args)`: the launch triton itself makes after binding, launch
-hooks included, so profilers still see it). A key that differs in anything triton specialises
-on is a different entry, never a wrong hit. GENOFLASH_FAST_LAUNCH=0 turns this off; it is off
-under the Triton interpreter.
+directly: through the compiled kernel's launcher, with the arguments triton's own launch
+passes after binding. A key that differs in anything triton specialises on is a different
+entry, never a wrong hit. GENOFLASH_FAST_LAUNCH=0 turns this off; it is off under the Triton
+interpreter.
+
+The direct call passes each tensor as its device address (an int). Given a tensor, triton's C
+launcher calls its data_ptr() and then asks the driver whether the address is a device one
+(cuPointerGetAttribute): ~9 tensors per launch, every launch. The key holds each tensor's dtype,
+alignment and is_cuda, so an address reaches a kernel only where a tensor of the same kind built
+it. With a launch hook set (profilers such as proton read the tensors) the fast path calls
+`CompiledKernel[grid](*args)` with the tensors instead, as triton would; without one, no
+launch metadata is built and no empty hook chain is called (triton's runner does both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 from triton import knobs
 from triton.runtime import driver
 from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # Gluon (triton >= 3.5): the one-pass Hopper backward's descriptors
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonTensorDescriptor
+except ImportError:  # pragma: no cover
+    _GluonTensorDescriptor = TensorDescriptor
 
 from ...backends import triton_interpreted
 from .configs import TileConfig
@@ -101,7 +116,7 @@ def _layout(kernel, types: tuple) -> _Layout | None:
         if issubclass(t, torch.Tensor):  # nn.Parameter and other subclasses bind as tensors
             tensors.append(i)
             t = torch.Tensor
-        elif t is TensorDescriptor:
+        elif t is TensorDescriptor or t is _GluonTensorDescriptor:
             descriptors.append(i)
         elif t not in _SCALARS:
             return None
@@ -115,32 +130,49 @@ def specialisation_key(kernel, args: tuple) -> tuple | None:
     """What triton's binder specialises a launch on, or finer (a finer key only misses more);
     None where an argument is of a kind this does not know (then triton binds as usual).
 
-    Tensors: dtype and 16-byte alignment of the data pointer. TMA descriptors: the dtype and box
-    shape (the strides and shape are runtime values). Ints, floats, bools and None by value,
+    Tensors: dtype, 16-byte alignment of the data pointer, and whether it is a CUDA tensor. TMA
+    descriptors (triton's and Gluon's): the dtype and box shape, and the shared-memory layout of
+    a Gluon one (the strides and shape are runtime values). Ints, floats, bools and None by value,
     which covers triton's int specialisations (== 1, divisible by 16, 32 or 64 bits), except the
     do_not_specialize ints, keyed on their width alone. The argument types are part of the key
     (True == 1 and 1.0 == 1 in Python, but triton types them u1, a constexpr 1 and fp32). No
     tensor is held by the key."""
+    return _specialise(kernel, args)[0]
+
+
+def _specialise(kernel, args: tuple) -> tuple[tuple | None, list | None]:
+    """(specialisation_key, the arguments for the direct call: each tensor as its address)."""
     types = tuple(map(type, args))
     layout = _layouts.get((kernel, types), _MISSING)
     if layout is _MISSING:
         layout = _layouts[(kernel, types)] = _layout(kernel, types)
     if layout is None:
-        return None
+        return None, None
     key = list(args)
+    call = list(args)
     for i in layout.tensors:
         a = args[i]
-        key[i] = (a.dtype, a.data_ptr() & 15 == 0)
+        address = call[i] = a.data_ptr()
+        key[i] = (a.dtype, address & 15 == 0, a.is_cuda)
     for i in layout.descriptors:
         a = args[i]
-        key[i] = (a.base.dtype, tuple(a.block_shape))
+        layout_key = getattr(a, "layout", None)  # Gluon's descriptors carry their shared-memory layout
+        if layout_key is not None:
+            layout_key = repr(layout_key)  # (a dataclass with a list field: repr, not hash)
+        key[i] = (a.base.dtype, tuple(a.block_shape), layout_key)
     for i in layout.unspecialised:
         key[i] = _INT32[0] <= args[i] < _INT32[1]
     key.append(layout.types)
-    return tuple(key)
+    return tuple(key), call
 
 
 _MISSING = object()
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook would call anything: triton 3.6 keeps an empty HookChain there by
+    default, which its runner builds launch metadata for and its C launcher calls on every launch."""
+    return hook is not None and getattr(hook, "calls", True) != []
 
 
 def _remember(kernel, compiled, fast_key: tuple, nargs: int, constexprs: dict) -> None:
@@ -150,9 +182,36 @@ def _remember(kernel, compiled, fast_key: tuple, nargs: int, constexprs: dict) -
         tail = tuple(constexprs[name] for name in kernel.arg_names[nargs:])
     except (AttributeError, KeyError):
         return
+    # What CompiledKernel's runner hands its launcher (the kernel has just run, so its handles
+    # are loaded); None for objects without them (tests' stand-ins), which are called as they are.
+    direct = None
+    if all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
+        direct = (compiled.run, compiled.function, compiled.packed_metadata)
     if len(_compiled) >= _COMPILED_MAX:
         _compiled.clear()
-    _compiled[fast_key] = (compiled, tail)
+    _compiled[fast_key] = (compiled, tail, direct)
+
+
+# Recording (plans.py): while a thread records, every launch it makes is appended as (the cached
+# entry (compiled, tail, direct), the grid's three axes, the arguments as given), or as None where
+# the launch could not be replayed (no fast-path entry, or one without a launcher).
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Collect this thread's launches in the yielded list while the block runs."""
+    saved, _recording.launches = getattr(_recording, "launches", None), []
+    try:
+        yield _recording.launches
+    finally:
+        _recording.launches = saved
+
+
+def _record(entry, grid: tuple, args: tuple) -> None:
+    launches = getattr(_recording, "launches", None)
+    if launches is not None:
+        launches.append(None if entry is None or entry[2] is None else (entry, grid, args))
 
 
 def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
@@ -162,17 +221,24 @@ def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
     # order would only be a cache miss, never a wrong hit.
     key = (kernel.fn.__name__, cfg, tuple(constexprs.items()))
     fast_key = None
-    spec = specialisation_key(kernel, args) if _fast_launch_enabled() else None
+    spec, call_args = _specialise(kernel, args) if _fast_launch_enabled() else (None, None)
     if spec is not None:
+        device = driver.active.get_current_device()
         # triton also compiles per debug and instrumentation setting (knobs a user may switch at run time).
-        fast_key = (kernel, driver.active.get_current_device(), knobs.runtime.debug,
-                    knobs.compilation.instrumentation_mode, key, spec)
+        fast_key = (kernel, device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, key, spec)
         hit = _compiled.get(fast_key)
         if hit is not None:
-            compiled, tail = hit
-            # CompiledKernel.__getitem__ indexes all three grid axes.
-            compiled[(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)](*args, *tail)
+            compiled, tail, direct = hit
+            # All three grid axes, as CompiledKernel.__getitem__ indexes them.
+            g0, g1, g2 = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+            if direct is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+                compiled[(g0, g1, g2)](*args, *tail)  # the runner, with tensors (hooks may read them)
+            else:  # the runner's own call, where no hook would be called (so no launch metadata either)
+                run, function, metadata = direct
+                run(g0, g1, g2, driver.active.get_current_stream(device), function, metadata, None, None, None,
+                    *call_args, *tail)
             fast_launches += 1
+            _record(hit, (g0, g1, g2), args)
             return
     asked = {flag: constexprs[flag] for flag in _TMA_FLAGS if flag in constexprs}
     stages, tma = _fitted.get(key, (cfg.num_stages, any(asked.values())))
@@ -195,4 +261,6 @@ def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
         _fitted[key] = (stages, tma)
         if fast_key is not None:  # the kernel that ran: its stages and TMA flags are in `constexprs`
             _remember(kernel, compiled, fast_key, len(args), constexprs)
+        entry = _compiled.get(fast_key) if fast_key is not None else None
+        _record(entry, (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1), args)
         return

@@ -1,0 +1,256 @@
+"""Launch plans: a repeated attention call replayed from a recording of its launches.
+
+At short sequences the host, not the GPU, sets the pace. On the H200's host one fwd+bwd at B32
+N512 H16 hd128 took 0.8-1.3 ms of host time while the GPU was busy for 0.64 ms of it
+(benchmarks/host_timeline_probe.py, host_layers_probe.py; benchmarks/NOTES.md, twenty-first
+session). Most of that time recomputes, on every call, what depends only on the kind of call: tile
+configs, grids, strides, descriptor shapes, the fast launch's key over ~80 arguments.
+
+A plan is made from the first call of a kind (its `forward_key` / `backward_key`): the launch code
+runs as usual while launch.py records each launch (the compiled kernel's launcher and its
+arguments), and each tensor argument is traced back to one of the call's inputs, to one of its
+outputs, or to a buffer it allocated. A later call of the same kind allocates the outputs and
+buffers and calls the same launchers with the same arguments but for the new addresses: the same
+kernels, so the same results, bit for bit (tests/test_launch.py compares them on the GPU).
+
+What a plan may not hold, its key leaves out (the call then takes the usual path every time):
+anything with tensors or per-call values of its own (varlen's cu_seqlens, ALiBi slopes, RoPE
+tables, dropout's seed), and the choices made from the device's free memory at the time (the
+forward's key chunks, the one-pass backward's large accumulators). Launch code that runs torch
+ops of its own besides allocation (a sum, a fill) calls `not_replayable()`. The key holds the
+module switches the launch code reads (TMA, the Gluon backward, its length limits, config
+overrides) and refuses to plan while a test has replaced one of the launch code's functions.
+Under the Triton interpreter, with GENOFLASH_FAST_LAUNCH=0 or GENOFLASH_LAUNCH_PLANS=0, or while a
+launch hook is set (a profiler), no plan is made or used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+from triton import knobs
+from triton.runtime import driver
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import backward_sm90, configs, descriptors, launch as launcher
+from .args import AttentionArgs
+
+try:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonTensorDescriptor
+except ImportError:  # pragma: no cover
+    _GluonTensorDescriptor = TensorDescriptor
+_DESCRIPTORS = (TensorDescriptor, _GluonTensorDescriptor)
+_SCALARS = (int, float, bool, type(None))
+
+_enabled = os.environ.get("GENOFLASH_LAUNCH_PLANS", "1") != "0"
+_plans: dict[tuple, "_Plan | None"] = {}  # key -> plan, or None: this kind of call cannot be replayed
+_PLANS_MAX = 256  # keys hold shapes: a workload whose shapes never repeat must not grow this without end
+replays = 0  # calls answered by a plan (tests read this)
+
+
+@contextlib.contextmanager
+def use_plans(enabled: bool):
+    """Allow (True, the default) or forbid launch plans in this block, in every thread."""
+    global _enabled
+    saved, _enabled = _enabled, enabled
+    try:
+        yield
+    finally:
+        _enabled = saved
+
+
+def not_replayable() -> None:
+    """Called by launch code that does more than allocate and launch (a torch op of its own): the
+    call being recorded, if any, gets no plan."""
+    launches = getattr(launcher._recording, "launches", None)
+    if launches is not None:
+        launches.append(None)
+
+
+# ---------------------------------------------------------------- keys
+
+def _originals() -> list:
+    from . import backward, forward
+    return [(forward, "launch", launcher.launch), (backward, "launch", launcher.launch),
+            (backward_sm90, "launch", launcher.launch), (forward, "forward_config", configs.forward_config),
+            (backward, "backward_config", configs.backward_config), (forward, "forward_key_chunk",
+                                                                       configs.forward_key_chunk),
+            (backward, "dkdv_group_split", configs.dkdv_group_split), (configs, "_sm_count", configs._sm_count),
+            (configs, "triton_interpreted", configs.triton_interpreted),
+            (backward_sm90, "applies", backward_sm90.applies),
+            (backward_sm90, "attention_backward_sm90", backward_sm90.attention_backward_sm90)]
+
+
+_ORIGINALS: list = []
+
+
+def _switches() -> tuple | None:
+    """What else the launch code reads that may change between calls; None where no plan may be
+    made or used now."""
+    if not _enabled or configs._override or not launcher._fast_launch_enabled():
+        return None
+    if launcher._hooked(knobs.runtime.launch_enter_hook) or launcher._hooked(knobs.runtime.launch_exit_hook):
+        return None
+    if not _ORIGINALS:
+        _ORIGINALS.extend(_originals())
+    for module, name, original in _ORIGINALS:
+        if getattr(module, name) is not original:
+            return None
+    return (descriptors._enabled, backward_sm90._enabled, backward_sm90.MIN_SEQLEN, backward_sm90.MIN_SEQLEN_CAUSAL,
+            backward_sm90.ACCUM_MAX_FREE_FRACTION, configs.SMALL_BUFFER_FRACTION, configs.FORWARD_KEY_CHUNK,
+            knobs.runtime.debug, knobs.compilation.instrumentation_mode, driver.active.get_current_device())
+
+
+def _plannable(a: AttentionArgs) -> bool:
+    return not (a.varlen or a.alibi_slopes is not None or a.rotary_cos is not None or a.dropout is not None)
+
+
+def forward_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> tuple | None:
+    """The kind of an attention_forward call, or None where it takes the usual path."""
+    if not _plannable(a) or not q.is_cuda:
+        return None
+    chunk = configs.FORWARD_KEY_CHUNK
+    if chunk and k.shape[1] > chunk and a.window_left < 0 and a.window_right < 0:
+        return None  # the key-chunk split is decided from the free memory at the time
+    switches = _switches()
+    if switches is None:
+        return None
+    return ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+            q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, a.softmax_scale, a.window_left,
+            a.window_right, a.softcap, switches)
+
+
+def backward_key(dout, q, k, v, out, lse, a: AttentionArgs) -> tuple | None:
+    """The kind of an attention_backward call, or None where it takes the usual path."""
+    if not _plannable(a) or not q.is_cuda:
+        return None
+    # The one-pass backward's accumulator is taken by the free memory at the time unless small.
+    if backward_sm90.accumulator_bytes(q) > configs.SMALL_BUFFER_FRACTION * configs._device_total_memory(q.device):
+        return None
+    switches = _switches()
+    if switches is None:
+        return None
+    return ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), dout.shape,
+            dout.stride(), lse.shape, lse.stride(), q.dtype, q.device, q.data_ptr() & 15, k.data_ptr() & 15,
+            v.data_ptr() & 15, out.data_ptr() & 15, dout.data_ptr() & 15, lse.data_ptr() & 15, a.softmax_scale,
+            a.window_left, a.window_right, a.softcap, a.deterministic, switches)
+
+
+# ---------------------------------------------------------------- plans
+
+class _Address:
+    """A descriptor's base in a replay: all triton's launcher reads of it is data_ptr()."""
+    __slots__ = ("address", "dtype")
+
+    def __init__(self, address: int, dtype: torch.dtype):
+        self.address, self.dtype = address, dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+class _Plan:
+    """outputs: (shape, dtype) of each output, allocated contiguous; buffers: (numel, dtype) of each
+    buffer; launches: (run, function, metadata, tail, grid, template, tensor slots, descriptor
+    slots), a slot naming (position, source: 0 input / 1 output / 2 buffer, index, byte offset)."""
+    __slots__ = ("outputs", "buffers", "launches")
+
+    def __init__(self, outputs, buffers, launches):
+        self.outputs, self.buffers, self.launches = outputs, buffers, launches
+
+    def run(self, inputs: tuple) -> tuple:
+        device = inputs[0].device
+        outs = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs)
+        bufs = [torch.empty(numel, dtype=dtype, device=device) for numel, dtype in self.buffers]
+        addresses = ([t.data_ptr() for t in inputs], [t.data_ptr() for t in outs], [t.data_ptr() for t in bufs])
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        for run, function, metadata, tail, (g0, g1, g2), template, tensor_slots, desc_slots in self.launches:
+            args = template.copy()
+            for pos, source, index, offset in tensor_slots:
+                args[pos] = addresses[source][index] + offset
+            for pos, cls, fields, source, index, offset, dtype in desc_slots:
+                d = cls.__new__(cls)
+                d.__dict__.update(fields)
+                d.base = _Address(addresses[source][index] + offset, dtype)
+                args[pos] = d
+            run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *tail)
+        return outs
+
+
+def build(recorded: list, inputs: tuple, outputs: tuple) -> _Plan | None:
+    """A plan from one call's recorded launches, or None where it cannot replay them."""
+    if not recorded or any(entry is None for entry in recorded):
+        return None
+    by_id = {id(t): i for i, t in enumerate(inputs)}
+    input_storages = {t.untyped_storage().data_ptr() for t in inputs}
+    output_storages = {}
+    for j, t in enumerate(outputs):
+        if not t.is_contiguous() or t.storage_offset() != 0:
+            return None
+        output_storages[t.untyped_storage().data_ptr()] = j
+    buffer_storages: dict[int, int] = {}
+    buffers: list[tuple[int, torch.dtype]] = []
+
+    def source_of(t: torch.Tensor):
+        i = by_id.get(id(t))
+        if i is not None:
+            return 0, i, 0
+        base = t.untyped_storage().data_ptr()
+        offset = t.data_ptr() - base
+        if base in output_storages:
+            return 1, output_storages[base], offset
+        if base in input_storages:  # a view of an input: its offset need not be the same next time
+            return None
+        k = buffer_storages.get(base)
+        if k is None:
+            nbytes = t.untyped_storage().nbytes()
+            if nbytes % t.element_size():
+                return None
+            k = buffer_storages[base] = len(buffers)
+            buffers.append((nbytes // t.element_size(), t.dtype))
+        return 2, k, offset
+
+    launches = []
+    for (compiled, tail, direct), grid, args in recorded:
+        template, tensor_slots, desc_slots = list(args), [], []
+        for pos, arg in enumerate(args):
+            if isinstance(arg, torch.Tensor):
+                source = source_of(arg)
+                if source is None:
+                    return None
+                tensor_slots.append((pos, *source))
+                template[pos] = None
+            elif type(arg) in _DESCRIPTORS:
+                source = source_of(arg.base)
+                if source is None:
+                    return None
+                fields = {name: value for name, value in vars(arg).items() if name != "base"}
+                desc_slots.append((pos, type(arg), fields, *source, arg.base.dtype))
+                template[pos] = None
+            elif not isinstance(arg, _SCALARS):
+                return None
+        run, function, metadata = direct
+        launches.append((run, function, metadata, tail, grid, template, tuple(tensor_slots), tuple(desc_slots)))
+    return _Plan(tuple((tuple(t.shape), t.dtype) for t in outputs), buffers, launches)
+
+
+def planned(key: tuple | None, inputs: tuple, call):
+    """call()'s outputs (a tuple of tensors): replayed from the plan for `key` when there is one;
+    else call() runs, recorded, and its launches become the plan for `key`."""
+    global replays
+    if key is None:
+        return call()
+    plan = _plans.get(key, launcher._MISSING)
+    if plan is None:  # this kind of call cannot be replayed
+        return call()
+    if plan is not launcher._MISSING:
+        replays += 1
+        return plan.run(inputs)
+    with launcher.record_launches() as recorded:
+        outputs = call()
+    if len(_plans) >= _PLANS_MAX:
+        _plans.clear()
+    _plans[key] = build(recorded, inputs, outputs)
+    return outputs

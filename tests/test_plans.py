@@ -1,0 +1,167 @@
+"""Launch plans (ops/attention/plans.py): a repeated kind of call replayed from a recording of its
+launches. On the CPU with stand-in kernels (the interpreter has no compiled kernels): what a replay
+passes each launcher, which calls get a plan and which keys refuse one. On the GPU, replays against
+the usual path bit for bit (tests/test_launch.py, test_fast_path_equals_the_usual_launch_on_gpu)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from genoflash.ops.attention import configs, forward, launch as launcher, plans
+from genoflash.ops.attention.args import AttentionArgs
+from genoflash.ops.attention.configs import TileConfig
+from genoflash.ops.attention.dropout import DropoutArgs
+
+
+class _Compiled:
+    """A compiled kernel with the launcher fields launch.py's direct call uses; records the calls."""
+    function, packed_metadata = 99, (4, 1, 0)
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+    def __getitem__(self, grid):
+        raise AssertionError("the runner is not taken without launch hooks")
+
+
+def _kernel(names, compiled):
+    class Kernel:
+        fn = types.SimpleNamespace(__name__="_plan_kernel")
+        arg_names = names
+        params = [types.SimpleNamespace(do_not_specialize=False) for _ in names]
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constexprs):
+                compiled.run(*grid, "first launch", *args)
+                return compiled
+            return run
+    return Kernel()
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """Fast launch and plans on, with a stand-in driver (device 0, stream 7)."""
+    fake = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0,
+                                                              get_current_stream=lambda device: 7))
+    monkeypatch.setattr(launcher, "_fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(launcher, "driver", fake)
+    monkeypatch.setattr(plans, "driver", fake)
+    monkeypatch.setattr(plans, "_plans", {})
+    launcher._compiled.clear()
+
+
+def _op(kernel, calls):
+    """Launch code as attention_forward is: allocates an output and a buffer, launches once with
+    tensors (an input, the output, a view of the buffer), descriptors of an input and of the
+    output, and scalars."""
+    def op(x):
+        calls.append(x)
+        out = torch.empty_like(x)
+        buf = torch.empty(8, dtype=torch.float32)
+        dx = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 16, 1, 64])
+        dout = TensorDescriptor(out, list(out.shape), list(out.stride()), [1, 16, 1, 64])
+        launcher.launch(kernel, (3, 2), TileConfig(64, 32, 4, 3), x, out, buf[2:], dx, dout, 16, 0.5, None,
+                        BLOCK=64)
+        return (out,)
+    return op
+
+
+def test_a_replay_passes_the_recorded_arguments_with_new_addresses(gpu_like):
+    compiled = _Compiled()
+    kernel = _kernel(["X", "O", "B", "DX", "DO", "n", "scale", "none", "BLOCK"], compiled)
+    calls = []
+    op = _op(kernel, calls)
+    x1 = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+    (out1,) = plans.planned(("k",), (x1,), lambda: op(x1))  # recorded
+    assert len(calls) == 1 and len(compiled.calls) == 1
+    replays = plans.replays
+    x2 = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+    allocated, empty = [], torch.empty
+    with pytest.MonkeyPatch.context() as m:  # (through torch.empty: tests' NaN poisoning reaches replays too)
+        m.setattr(torch, "empty", lambda *a, **kw: allocated.append(empty(*a, **kw)) or allocated[-1])
+        (out2,) = plans.planned(("k",), (x2,), lambda: op(x2))  # replayed: op does not run
+    assert [t.dtype for t in allocated] == [torch.float16, torch.float32] and allocated[0] is out2
+    assert allocated[1].numel() == 8
+    assert len(calls) == 1 and plans.replays == replays + 1
+    assert out2.shape == x2.shape and out2.dtype == x2.dtype and out2.data_ptr() != x2.data_ptr()
+    call = compiled.calls[-1]
+    assert call[:9] == (3, 2, 1, 7, 99, (4, 1, 0), None, None, None)
+    x_addr, out_addr, buf_view, dx, dout = call[9:14]
+    assert x_addr == x2.data_ptr() and out_addr == out2.data_ptr()
+    assert type(buf_view) is int and buf_view == allocated[1].data_ptr() + 8  # a fresh buffer, at the view's offset
+    assert type(dx) is TensorDescriptor and dx.base.data_ptr() == x2.data_ptr()
+    assert (dx.shape, dx.strides, dx.block_shape, dx.padding) == ([2, 32, 4, 64], list(x2.stride()), [1, 16, 1, 64],
+                                                                  "zero")
+    assert dout.base.data_ptr() == out2.data_ptr()
+    assert call[14:] == (16, 0.5, None, 64)  # the scalars, then the constexpr tail
+
+
+def test_calls_that_cannot_be_replayed_take_the_usual_path(gpu_like):
+    compiled = _Compiled()
+    kernel = _kernel(["X", "O", "B", "DX", "DO", "n", "scale", "none", "BLOCK"], compiled)
+    calls = []
+    op = _op(kernel, calls)
+
+    def marked(x):
+        result = op(x)
+        plans.not_replayable()  # e.g. a torch op of its own after the launch
+        return result
+    for _ in range(3):
+        x = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+        plans.planned(("marked",), (x,), lambda: marked(x))
+    assert len(calls) == 3 and plans._plans[("marked",)] is None
+    # A tensor argument that is a view of an input: its offset could differ next time.
+    parent = torch.randn(3, 32, 4, 64, dtype=torch.float16)
+    calls.clear()
+    for _ in range(2):
+        plans.planned(("view",), (parent,), lambda: op(parent[1:]))
+    assert len(calls) == 2 and plans._plans[("view",)] is None
+    # A launch without the fast path (GENOFLASH_FAST_LAUNCH=0): recorded as not replayable.
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(launcher, "_fast_launch_enabled", lambda: False)
+        calls.clear()
+        for _ in range(2):
+            x = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+            plans.planned(("slow",), (x,), lambda: op(x))
+    assert len(calls) == 2 and plans._plans[("slow",)] is None
+    # No key: no recording, no plan.
+    plans.planned(None, (x,), lambda: op(x))
+    assert None not in plans._plans
+
+
+def test_keys_refuse_what_a_plan_cannot_hold(gpu_like, monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # CPU tensors stand in
+    q, k, v = (torch.randn(2, 64, 4, 64, dtype=torch.float16) for _ in range(3))
+    plain = AttentionArgs(0.125)
+    key = plans.forward_key(q, k, v, plain)
+    assert key is not None and key == plans.forward_key(*(torch.randn_like(t) for t in (q, k, v)), plain)
+    assert plans.forward_key(q, k, v, AttentionArgs(0.125, -1, 0)) != key  # causal is another kind
+    assert plans.forward_key(q[:, :63], k, v, plain) != key
+    for other in (AttentionArgs(0.125, alibi_slopes=torch.rand(4)), AttentionArgs(0.125, dropout=DropoutArgs(0.1, 1, 0)),
+                  AttentionArgs(0.125, rotary_cos=torch.rand(64, 8), rotary_sin=torch.rand(64, 8))):
+        assert plans.forward_key(q, k, v, other) is None
+    # Long unmasked keys: the key-chunk split is decided from the free memory at the time.
+    long_k = torch.randn(1, configs.FORWARD_KEY_CHUNK + 1, 1, 8, dtype=torch.float16)
+    assert plans.forward_key(q[:1, :, :1, :8], long_k, long_k, plain) is None
+    assert plans.forward_key(q[:1, :, :1, :8], long_k, long_k, AttentionArgs(0.125, -1, 0)) is not None
+    # A test that replaces a function of the launch code, config overrides, plans switched off.
+    with monkeypatch.context() as m:
+        m.setattr(forward, "launch", lambda *a, **kw: None)
+        assert plans.forward_key(q, k, v, plain) is None
+    with configs.override_configs(TileConfig(64, 32)):
+        assert plans.forward_key(q, k, v, plain) is None
+    with plans.use_plans(False):
+        assert plans.forward_key(q, k, v, plain) is None
+    # A switch the launch code reads is part of the key.
+    with monkeypatch.context() as m:
+        from genoflash.ops.attention import backward_sm90
+        m.setattr(backward_sm90, "MIN_SEQLEN", 0)
+        assert plans.forward_key(q, k, v, plain) not in (None, key)
+    assert plans.forward_key(q, k, v, plain) == key
