@@ -144,16 +144,18 @@ def test_dispatch_rule():
     assert not backward_sm90.supports(q_mis, k, v, dout, out, args)
     # Not on a CPU tensor, nor with deterministic=True, nor under the interpreter.
     assert not backward_sm90.applies(q, k, v, dout, out, args)
-    if ON_SM90:  # from MIN_SEQLEN queries or keys on
-        g = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN)]
-        assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
-        short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN - 1)]
-        assert not backward_sm90.applies(*short, args)
-        # Causal takes it from MIN_SEQLEN_CAUSAL on (below, its host time outweighs its kernels').
-        g = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN_CAUSAL)]
-        assert backward_sm90.applies(*g, causal)
-        short = [t.cuda() for t in tensors(n=backward_sm90.MIN_SEQLEN_CAUSAL - 1)]
-        assert not backward_sm90.applies(*short, causal) and backward_sm90.applies(*short, args)
+    if ON_SM90:  # from MIN_SEQLEN queries or keys on, per head dim
+        for d in (128, 64):
+            shortest, shortest_causal = backward_sm90.MIN_SEQLEN[d], backward_sm90.MIN_SEQLEN_CAUSAL[d]
+            g = [t.cuda() for t in tensors(d, n=shortest)]
+            assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
+            short = [t.cuda() for t in tensors(d, n=shortest - 1)]
+            assert not backward_sm90.applies(*short, args)
+            # Causal takes it from MIN_SEQLEN_CAUSAL on (below, the two passes were the faster).
+            g = [t.cuda() for t in tensors(d, n=shortest_causal)]
+            assert backward_sm90.applies(*g, causal)
+            short = [t.cuda() for t in tensors(d, n=shortest_causal - 1)]
+            assert not backward_sm90.applies(*short, causal) and backward_sm90.applies(*short, args)
 
 
 @pytest.mark.usefixtures("poison_allocations")

@@ -123,6 +123,12 @@ def test_calls_that_cannot_be_replayed_take_the_usual_path(gpu_like):
     for _ in range(2):
         plans.planned(("view",), (parent,), lambda: op(parent[1:]))
     assert len(calls) == 2 and plans._plans[("view",)] is None
+    # One tensor given as two inputs: a plan would bind both slots to whichever came first.
+    calls.clear()
+    x = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+    for _ in range(2):
+        plans.planned(("twice",), (x, x), lambda: op(x))
+    assert len(calls) == 2 and plans._plans[("twice",)] is None
     # A launch without the fast path (GENOFLASH_FAST_LAUNCH=0): recorded as not replayable.
     with pytest.MonkeyPatch.context() as m:
         m.setattr(launcher, "_fast_launch_enabled", lambda: False)
@@ -165,3 +171,69 @@ def test_keys_refuse_what_a_plan_cannot_hold(gpu_like, monkeypatch):
         m.setattr(backward_sm90, "MIN_SEQLEN", 0)
         assert plans.forward_key(q, k, v, plain) not in (None, key)
     assert plans.forward_key(q, k, v, plain) == key
+
+
+def test_raw_launch_passes_what_triton_s_wrapper_would(monkeypatch):
+    """A replay through triton's C launcher itself must hand it what triton 3.6's Python wrapper
+    (driver.wrap_handle_tensordesc, CudaLauncher.__call__) would: the 13 base arguments, then the
+    kernel's, each descriptor expanded to its CUtensorMap, shape and strides (with metadata) or to
+    its base, shape, strides, padding flag, shape and strides (without). The C function and the map
+    encoder are stand-ins here; the wrapper is triton's own."""
+    import triton
+    from triton.backends.nvidia import driver as nv_driver
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.experimental.gluon import language as gl
+
+    encoded = []
+
+    def fill_tma_descriptor(address, *rest):
+        encoded.append(address)
+        return ("map", address, rest[0])  # (an object standing in for a CUtensorMap)
+    fake_driver = types.SimpleNamespace(utils=types.SimpleNamespace(fill_tma_descriptor=fill_tma_descriptor),
+                                        get_current_device=lambda: 0, get_current_stream=lambda device: 7)
+    monkeypatch.setattr(triton.runtime.driver, "_active", fake_driver)
+    monkeypatch.setattr(plans, "driver", types.SimpleNamespace(active=fake_driver))
+    got = []
+
+    def c_launch(*args):  # triton's generated C function, standing in
+        got.append(args)
+
+    x = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+    y = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+    d_meta = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 16, 1, 64])
+    d_plain = TensorDescriptor(y, list(y.shape), list(y.stride()), [1, 32, 1, 64])
+    d_gluon = GluonDescriptor(y, list(y.shape), list(y.stride()), [1, 16, 1, 64],
+                              gl.NVMMASharedLayout(128, 16, rank=4))
+    signature = {"X": "*fp16", "D0": "tensordesc<fp16[1,16,1,64]>", "n": "i32", "D1": "tensordesc<fp16[1,32,1,64]>",
+                 "D2": "tensordesc<fp16[1,16,1,64]>", "s": "fp32", "BLOCK": "constexpr"}
+    metas = [dict(swizzle=3, elem_size=2, elem_type=6, block_size=[64, 16, 1, 1], fp4_padded=False), None,
+             dict(swizzle=2, elem_size=2, elem_type=6, block_size=[64, 16, 1, 1], fp4_padded=True)]
+
+    class CudaLauncher:  # the fields plans.py reads, named as triton's class
+        launch = staticmethod(nv_driver.wrap_handle_tensordesc(c_launch, signature, metas))
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def __call__(self, gx, gy, gz, stream, function, *args):  # as triton 3.6's CudaLauncher.__call__
+            self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None,
+                        *args)
+    run = CudaLauncher()
+    args = (x, d_meta, 16, d_plain, d_gluon, 0.5)
+    run(3, 2, 1, 7, 99, (4, 1, 0), None, None, None, *args, 64)  # what triton's path passes
+    inputs = (x, y)
+    by_id = {id(t): i for i, t in enumerate(inputs)}
+    raw = plans._raw_launch(run, 99, (4, 1, 0), (64,), (3, 2, 1), args, lambda t: (0, by_id[id(t)], 0))
+    assert raw is not None and raw.raw is c_launch
+    raw(([x.data_ptr(), y.data_ptr()], [], []), 7)
+    # The same, but each tensor (x; d_plain's base, passed as a pointer) as its address, which the
+    # C launcher takes as it takes a tensor's data_ptr().
+    want = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in got[0])
+    assert len(got) == 2 and got[1] == want and len(want) == 13 + 1 + 9 + 1 + 18 + 9 + 1 + 1
+    assert encoded == [x.data_ptr(), y.data_ptr()] * 2  # triton's call, then the replay's (maps cached after)
+    raw(([x.data_ptr(), y.data_ptr()], [], []), 7)
+    assert got[2] == want and len(encoded) == 4
+    # Without descriptors the launcher is the C function itself; scratch memory keeps the wrapper.
+    run.launch = c_launch
+    assert plans._raw_launcher(run) == (c_launch, None)
+    run.global_scratch_size = 64
+    assert plans._raw_launcher(run) is None

@@ -69,19 +69,30 @@ TILES = {128: (64, 128), 64: (64, 128)}
 # Launch settings of the main kernel: 8 compute warps (its load and dQ warps come on top, from
 # gl.warp_specialize). num_stages does nothing in a Gluon kernel, which places its own buffers.
 _MAIN_TILES = {d: TileConfig(m, n, num_warps=8, num_stages=3) for d, (m, n) in TILES.items()}
-# Shorter sequences keep the triton passes. Timed on the H200 (bench attention, the papers'
-# sweep at hd128 bf16, 16k tokens per batch, deterministic=True beside the default in one process;
-# results/h200-2026-12-01-sweep-hd128-onepass-63ae093.json), fwd+bwd TF/s, two passes -> Gluon:
-# full 2,048 401.7 -> 438.5, 4,096 417.7 -> 469.4, 16k 438.6 -> 489.9; causal 2,048 333.8 -> 255.9,
-# 4,096 366.7 -> 414.8. At causal 2,048 the kernel itself is the faster (0.985 against 1.077 ms,
-# sm90_bwd_probe.py, results/h200-2026-12-01-sm90-bwd-hd64-c377aea.json) but the call is not: its
-# kernels take less time than its host work (not yet profiled: triton's launcher for three
-# launches, seven descriptors, the free-memory query), so causal keeps the two passes to 4,096.
-# At N <= 1,024 the backward is host-bound (NOTES.md, eighteenth session), and this path
-# launches three kernels through triton's own launcher where the two passes launch two through
-# launch.py's cached fast path.
-MIN_SEQLEN = 2048
-MIN_SEQLEN_CAUSAL = 4096
+# Shorter sequences keep the triton passes: the shortest length (of queries or keys) per head dim.
+# Until 2026-12-01 this path paid ~0.9 ms of host time per backward more than the two passes (a
+# free-memory query that waited for the device, triton's binding for three launches, seven checked
+# descriptors; results/h200-2026-12-01-host-layers-933a612.json) and was kept to N >= 2,048 (causal
+# 4,096). Without that (launch plans, no query for small buffers), timed on the H200 with this
+# kernel forced at every length beside deterministic=True in one process (the papers' sweep, 16k
+# tokens per batch, bf16; results/h200-2026-12-01-sweep-gluon-forced-e829122.json), fwd+bwd TF/s,
+# this kernel / the two passes:
+#   hd64  full   512 242.6 / 301.0, 1,024 352.6 / 347.2, 2,048 391.4 / 372.7, 4,096 416.0 / 362.5
+#   hd64  causal 512 174.1 / 192.0, 1,024 248.1 / 266.5, 2,048 314.5 / 296.3, 4,096 362.4 / 341.3
+#   hd128 full   512 305.1 / 293.8, 1,024 390.0 / 353.0, 2,048 442.2 / 407.0, 4,096 474.1 / 419.2
+#   hd128 causal 512 123.7 / 157.5, 1,024 282.6 / 272.9, 2,048 366.1 / 339.6, 4,096 425.2 / 372.3
+# An int applies to every head dim (tests and probes set 0 to take this path at any length).
+MIN_SEQLEN: dict[int, int] | int = {64: 1024, 128: 512}
+MIN_SEQLEN_CAUSAL: dict[int, int] | int = {64: 2048, 128: 1024}
+
+
+def _shortest(limits: dict[int, int] | int, head_dim: int) -> int:
+    return limits if isinstance(limits, int) else limits[head_dim]
+
+
+def length_limits() -> tuple:
+    """MIN_SEQLEN and MIN_SEQLEN_CAUSAL as hashable values (plans.py keys on them)."""
+    return tuple(tuple(sorted(t.items())) if isinstance(t, dict) else t for t in (MIN_SEQLEN, MIN_SEQLEN_CAUSAL))
 # The float32 dQ accumulator, (batch * heads, seqlen, head_dim), is 2x dq and lives through the
 # backward: the fwd+bwd peak is 1.25x the floor (q, k, v, dout, out, dq, dk, dv) that the two
 # passes keep (measured: 194 against 129 MiB of extra memory at H8 N16k; 1.26 GiB at N64k, where
@@ -437,9 +448,9 @@ def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
     or keys, `supports`, and room for the float32 dQ accumulator (ACCUM_MAX_FREE_FRACTION)."""
     if not _enabled or not descriptors._enabled or a.deterministic or triton_interpreted() or not q.is_cuda:
         return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
-    if max(q.shape[1], k.shape[1]) < (MIN_SEQLEN_CAUSAL if a.causal_only else MIN_SEQLEN):
-        return False
     if descriptors.device_capability(q.device) != (9, 0) or not supports(q, k, v, dout, out, a):
+        return False
+    if max(q.shape[1], k.shape[1]) < _shortest(MIN_SEQLEN_CAUSAL if a.causal_only else MIN_SEQLEN, q.shape[-1]):
         return False
     return fits_in_free_memory(accumulator_bytes(q), ACCUM_MAX_FREE_FRACTION, q.device)
 

@@ -378,8 +378,8 @@ def flash_attn_func(
         deterministic: False (the default, as in flash-attn) allows a backward whose dQ is a float32
             sum in no fixed order, so two backward passes may differ in the last bits. On an H200
             (sm_90) the backward of 16-bit attention with head dim 64 or 128, fixed lengths, full
-            or causal, without dropout, RoPE, ALiBi or softcap, at 2,048 (causal: 4,096) or more
-            queries or keys, with room for a float32 dQ accumulator,
+            or causal, without dropout, RoPE, ALiBi or softcap, from 512 (hd64: 1,024; causal 1,024,
+            hd64 causal 2,048) queries or keys on, with room for a float32 dQ accumulator,
             then runs as one pass in Gluon (ops/attention/backward_sm90.py); everything else, and True everywhere, runs the two
             triton passes, which write every gradient element from one program, without atomics,
             so that two backward passes are bitwise equal. (The triton one-pass form, with dQ

@@ -45,6 +45,9 @@ _DESCRIPTORS = (TensorDescriptor, _GluonTensorDescriptor)
 _SCALARS = (int, float, bool, type(None))
 
 _enabled = os.environ.get("GENOFLASH_LAUNCH_PLANS", "1") != "0"
+# Whether a replay calls triton's C launchers itself (`_raw_launcher`) rather than through their
+# Python wrappers; GENOFLASH_RAW_LAUNCH=0 keeps the wrappers.
+_raw_enabled = os.environ.get("GENOFLASH_RAW_LAUNCH", "1") != "0"
 _plans: dict[tuple, "_Plan | None"] = {}  # key -> plan, or None: this kind of call cannot be replayed
 _PLANS_MAX = 256  # keys hold shapes: a workload whose shapes never repeat must not grow this without end
 replays = 0  # calls answered by a plan (tests read this)
@@ -98,7 +101,7 @@ def _switches() -> tuple | None:
     for module, name, original in _ORIGINALS:
         if getattr(module, name) is not original:
             return None
-    return (descriptors._enabled, backward_sm90._enabled, backward_sm90.MIN_SEQLEN, backward_sm90.MIN_SEQLEN_CAUSAL,
+    return (descriptors._enabled, backward_sm90._enabled, backward_sm90.length_limits(),
             backward_sm90.ACCUM_MAX_FREE_FRACTION, configs.SMALL_BUFFER_FRACTION, configs.FORWARD_KEY_CHUNK,
             knobs.runtime.debug, knobs.compilation.instrumentation_mode, driver.active.get_current_device())
 
@@ -153,8 +156,7 @@ class _Address:
 
 class _Plan:
     """outputs: (shape, dtype) of each output, allocated contiguous; buffers: (numel, dtype) of each
-    buffer; launches: (run, function, metadata, tail, grid, template, tensor slots, descriptor
-    slots), a slot naming (position, source: 0 input / 1 output / 2 buffer, index, byte offset)."""
+    buffer; launches: one `_Launch` or `_RawLaunch` per recorded launch, in order."""
     __slots__ = ("outputs", "buffers", "launches")
 
     def __init__(self, outputs, buffers, launches):
@@ -166,17 +168,143 @@ class _Plan:
         bufs = [torch.empty(numel, dtype=dtype, device=device) for numel, dtype in self.buffers]
         addresses = ([t.data_ptr() for t in inputs], [t.data_ptr() for t in outs], [t.data_ptr() for t in bufs])
         stream = driver.active.get_current_stream(driver.active.get_current_device())
-        for run, function, metadata, tail, (g0, g1, g2), template, tensor_slots, desc_slots in self.launches:
-            args = template.copy()
-            for pos, source, index, offset in tensor_slots:
-                args[pos] = addresses[source][index] + offset
-            for pos, cls, fields, source, index, offset, dtype in desc_slots:
-                d = cls.__new__(cls)
-                d.__dict__.update(fields)
-                d.base = _Address(addresses[source][index] + offset, dtype)
-                args[pos] = d
-            run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *tail)
+        for launch in self.launches:
+            launch(addresses, stream)
         return outs
+
+
+class _Launch:
+    """A recorded launch through its CudaLauncher (the runner's call, no hooks): the arguments as
+    given, with each tensor slot (position, source: 0 input / 1 output / 2 buffer, index, byte
+    offset) filled by an address and each descriptor slot by a descriptor of the new address."""
+    __slots__ = ("run", "function", "metadata", "tail", "grid", "template", "tensor_slots", "desc_slots")
+
+    def __init__(self, run, function, metadata, tail, grid, template, tensor_slots, desc_slots):
+        self.run, self.function, self.metadata, self.tail, self.grid = run, function, metadata, tail, grid
+        self.template, self.tensor_slots, self.desc_slots = template, tensor_slots, desc_slots
+
+    def __call__(self, addresses, stream) -> None:
+        args = self.template.copy()
+        for pos, source, index, offset in self.tensor_slots:
+            args[pos] = addresses[source][index] + offset
+        for pos, cls, fields, source, index, offset, dtype in self.desc_slots:
+            d = cls.__new__(cls)
+            d.__dict__.update(fields)
+            d.base = _Address(addresses[source][index] + offset, dtype)
+            args[pos] = d
+        g0, g1, g2 = self.grid
+        self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *self.tail)
+
+
+class _RawLaunch:
+    """A recorded launch through triton's C launcher itself, with the arguments as its Python
+    wrappers would have expanded them: each descriptor as its CUtensorMap (or base address), shape
+    and strides. Of that, only the addresses change between calls: tensor slots as in _Launch, and
+    map slots (position, source, index, offset, the rest of fill_tma_descriptor's arguments, a
+    cache of maps by address). The wrappers cost ~35 us per launch on the H200's host (a Python
+    loop over ~85 arguments, a CUtensorMap encoded per descriptor per launch); in a loop the same
+    tensors, and so the same maps, come back (the caching allocator reuses blocks), and a map is
+    copied into the launch's parameters, so one object serves every launch at its address."""
+    __slots__ = ("raw", "function", "metadata", "cooperative", "pdl", "grid", "template", "tensor_slots",
+                 "map_slots", "fill")
+
+    def __init__(self, raw, function, metadata, cooperative, pdl, grid, template, tensor_slots, map_slots, fill):
+        self.raw, self.function, self.metadata, self.cooperative, self.pdl = raw, function, metadata, cooperative, pdl
+        self.grid, self.template, self.tensor_slots, self.map_slots, self.fill = grid, template, tensor_slots, \
+            map_slots, fill
+
+    def __call__(self, addresses, stream) -> None:
+        args = self.template.copy()
+        for pos, source, index, offset in self.tensor_slots:
+            args[pos] = addresses[source][index] + offset
+        for pos, source, index, offset, fill_args, cache in self.map_slots:
+            address = addresses[source][index] + offset
+            tensor_map = cache.get(address)
+            if tensor_map is None:
+                if len(cache) >= _MAPS_PER_SLOT:
+                    cache.clear()
+                tensor_map = cache[address] = self.fill(address, *fill_args)
+            args[pos] = tensor_map
+        g0, g1, g2 = self.grid
+        self.raw(g0, g1, g2, stream, self.function, self.cooperative, self.pdl, None, None, self.metadata, None,
+                 None, None, *args)
+
+
+_MAPS_PER_SLOT = 8
+
+
+def _raw_launcher(run):
+    """(C launch function, tensordesc metadata list or None) of a CudaLauncher whose launches need
+    no scratch memory, or None where this triton's launcher is not laid out as 3.6's."""
+    if not _raw_enabled or type(run).__name__ != "CudaLauncher":
+        return None
+    try:
+        if run.global_scratch_size or run.profile_scratch_size:
+            return None
+        launch = run.launch
+        code = getattr(launch, "__code__", None)
+        if code is None or code.co_name != "inner":  # no descriptor arguments: the C function itself
+            return launch, None
+        # wrap_handle_tensordesc's closure: the C function and the descriptors' metadata
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__)))
+        raw, metas = cells["launcher"], cells["tensordesc_meta"]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    if not callable(raw) or not isinstance(metas, list):
+        return None
+    return raw, metas
+
+
+def descriptor_arguments(desc, meta, address_of=None):
+    """What triton 3.6's launcher wrapper (driver.make_tensordesc_arg) passes its C launcher for a
+    descriptor argument, as (arguments, fill arguments or None): with metadata, a CUtensorMap made
+    by fill_tma_descriptor(address, *fill arguments), shape and strides; without, the base, shape,
+    strides, the padding flag, shape and strides again. The map (or base) is left as None, to be
+    filled per call; tests compare the rest with triton's own."""
+    if meta is None:
+        return [None, *desc.shape, *desc.strides, desc.padding == "nan", *desc.shape, *desc.strides], None
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    shape = list(desc.shape)
+    assert desc.strides[-1] == 1
+    if meta["fp4_padded"]:
+        shape[-1] *= 2
+    fill_args = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"],
+                 shape, desc.strides, 1 if desc.padding == "nan" else 0)
+    return [None, *shape, *desc.strides], fill_args
+
+
+def _raw_launch(run, function, metadata, tail, grid, args, source_of) -> "_RawLaunch | None":
+    found = _raw_launcher(run)
+    if found is None:
+        return None
+    raw, metas = found
+    template, tensor_slots, map_slots = [], [], []
+    desc_index = 0
+    for arg in (*args, *tail):
+        if isinstance(arg, torch.Tensor):
+            source = source_of(arg)
+            if source is None:
+                return None
+            tensor_slots.append((len(template), *source))
+            template.append(None)
+        elif type(arg) in _DESCRIPTORS:
+            source = source_of(arg.base)
+            if source is None:
+                return None
+            meta = metas[desc_index] if metas else None
+            desc_index += 1
+            expanded, fill_args = descriptor_arguments(arg, meta)
+            if fill_args is None:  # the base goes as a pointer
+                tensor_slots.append((len(template), *source))
+            else:
+                map_slots.append((len(template), *source, fill_args, {}))
+            template.extend(expanded)
+        else:
+            template.append(arg)
+    if metas and desc_index != len(metas):
+        return None
+    return _RawLaunch(raw, function, metadata, run.launch_cooperative_grid, run.launch_pdl, grid, template,
+                      tuple(tensor_slots), tuple(map_slots), driver.active.utils.fill_tma_descriptor)
 
 
 def build(recorded: list, inputs: tuple, outputs: tuple) -> _Plan | None:
@@ -184,6 +312,8 @@ def build(recorded: list, inputs: tuple, outputs: tuple) -> _Plan | None:
     if not recorded or any(entry is None for entry in recorded):
         return None
     by_id = {id(t): i for i, t in enumerate(inputs)}
+    if len(by_id) < len(inputs):  # one tensor given twice (q is k): a later call need not do the same
+        return None
     input_storages = {t.untyped_storage().data_ptr() for t in inputs}
     output_storages = {}
     for j, t in enumerate(outputs):
@@ -214,6 +344,11 @@ def build(recorded: list, inputs: tuple, outputs: tuple) -> _Plan | None:
 
     launches = []
     for (compiled, tail, direct), grid, args in recorded:
+        run, function, metadata = direct
+        raw = _raw_launch(run, function, metadata, tail, grid, args, source_of)
+        if raw is not None:
+            launches.append(raw)
+            continue
         template, tensor_slots, desc_slots = list(args), [], []
         for pos, arg in enumerate(args):
             if isinstance(arg, torch.Tensor):
@@ -231,8 +366,7 @@ def build(recorded: list, inputs: tuple, outputs: tuple) -> _Plan | None:
                 template[pos] = None
             elif not isinstance(arg, _SCALARS):
                 return None
-        run, function, metadata = direct
-        launches.append((run, function, metadata, tail, grid, template, tuple(tensor_slots), tuple(desc_slots)))
+        launches.append(_Launch(run, function, metadata, tail, grid, template, tuple(tensor_slots), tuple(desc_slots)))
     return _Plan(tuple((tuple(t.shape), t.dtype) for t in outputs), buffers, launches)
 
 
