@@ -26,6 +26,8 @@ import torch.nn.functional as F
 import genoflash
 from genoflash.bench.records import run_metadata
 
+from attention_host_probe import per_call  # (benchmarks/, this script's folder)
+
 
 def burst_us(fn, calls: int = 3, bursts: int = 30) -> float:
     for _ in range(5):
@@ -42,16 +44,9 @@ def burst_us(fn, calls: int = 3, bursts: int = 30) -> float:
 
 
 def loop_us(fn, iters: int = 100) -> tuple[float, float]:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    enqueued = time.perf_counter() - start
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - start
-    return round(enqueued / iters * 1e6, 1), round(wall / iters * 1e6, 1)
+    """(host, wall) microseconds per call over a loop without synchronising (attention_host_probe's)."""
+    r = per_call(fn, iters)
+    return round(r["enqueue_ms"] * 1e3, 1), round(r["wall_ms"] * 1e3, 1)
 
 
 def timeline(fn, calls: int = 5, trace: str | None = None) -> dict:

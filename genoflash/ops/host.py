@@ -1,10 +1,13 @@
-"""Integer helpers for the operators' launch code on the host.
+"""Helpers for the operators' launch code on the host.
 
 triton.cdiv and triton.next_power_of_2 are ConstexprFunctions: about 2-3 us per call from Python
 (2026-12-01, CPU machine), paid on every launch where host time bounds the step (attention at
-N = 512, Hyena at 16k). These are the same integers in plain Python."""
+N = 512, Hyena at 16k). `cdiv` and `next_power_of_2` are the same integers in plain Python.
+`switched` sets a module's process-wide switch for a block."""
 
 from __future__ import annotations
+
+import contextlib
 
 
 def cdiv(a: int, b: int) -> int:
@@ -15,3 +18,16 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n for n >= 1 (0 for 0), as triton.next_power_of_2."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+@contextlib.contextmanager
+def switched(module, name: str, value):
+    """module.name = value inside the block, restored after. Process-wide rather than a context
+    variable: on CUDA autograd runs the backward on its own thread, where a context variable set
+    around the forward call would not be seen."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)

@@ -35,10 +35,10 @@ rule and compile the kernel for sm_90 (tests/test_sm90_compile.py); the GPU test
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
+import sys
 
 import torch
 import triton
@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...backends import triton_interpreted
-from ..host import cdiv
+from ..host import cdiv, switched
 from .args import AttentionArgs
 from . import descriptors
 from .configs import LIGHT_PASS_TILES, TileConfig, fits_in_free_memory
@@ -419,16 +419,9 @@ def _accum_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
 _enabled = os.environ.get("GENOFLASH_SM90_BACKWARD", "1") != "0"
 
 
-@contextlib.contextmanager
 def use_sm90_backward(enabled: bool):
-    """Allow (True, the default) or forbid the Gluon backward in this block, in every thread (autograd
-    runs the backward on its own thread, where a context variable would not be seen)."""
-    global _enabled
-    saved, _enabled = _enabled, enabled
-    try:
-        yield
-    finally:
-        _enabled = saved
+    """Allow (True, the default) or forbid the Gluon backward in this block, in every thread."""
+    return switched(sys.modules[__name__], "_enabled", enabled)
 
 
 def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:

@@ -19,29 +19,24 @@ run this path.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import sys
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...backends import triton_interpreted
+from ..host import switched
 
 # Process-wide, not a context variable: on CUDA, autograd runs the backward on its own thread,
 # where a context variable set around the forward call would not be seen.
 _enabled = True
 
 
-@contextlib.contextmanager
 def use_tma(enabled: bool):
     """Allow (True, the default) or forbid TMA descriptors in this block, in every thread; tests
     and benchmarks use this to run the pointer-load path on shapes that would take descriptors."""
-    global _enabled
-    saved, _enabled = _enabled, enabled
-    try:
-        yield
-    finally:
-        _enabled = saved
+    return switched(sys.modules[__name__], "_enabled", enabled)
 
 
 def _aligned(t: torch.Tensor) -> bool:

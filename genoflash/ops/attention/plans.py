@@ -26,14 +26,15 @@ launch hook is set (a profiler), no plan is made or used.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import sys
 
 import torch
 from triton import knobs
 from triton.runtime import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ..host import switched
 from . import backward_sm90, configs, descriptors, launch as launcher
 from .args import AttentionArgs
 
@@ -53,15 +54,9 @@ _PLANS_MAX = 256  # keys hold shapes: a workload whose shapes never repeat must 
 replays = 0  # calls answered by a plan (tests read this)
 
 
-@contextlib.contextmanager
 def use_plans(enabled: bool):
     """Allow (True, the default) or forbid launch plans in this block, in every thread."""
-    global _enabled
-    saved, _enabled = _enabled, enabled
-    try:
-        yield
-    finally:
-        _enabled = saved
+    return switched(sys.modules[__name__], "_enabled", enabled)
 
 
 def not_replayable() -> None:
