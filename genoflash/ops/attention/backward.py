@@ -45,8 +45,6 @@ from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _
                     _load_tile_tma_at, _row_ptr, _store_tile)
 
 
-
-
 @triton.jit
 def _attn_bwd_preprocess_kernel(
     O, DO, DELTA, CU_SEQLENS_Q,
