@@ -35,7 +35,6 @@ rule and compile the kernel for sm_90 (tests/test_sm90_compile.py); the GPU test
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import sys
@@ -383,17 +382,15 @@ def _accum_layout(rows: int, head_dim: int):
 
 
 # The fields _descriptor fills (triton 3.6); with any other set, the checked constructor.
-_UNCHECKED_DESCRIPTORS = (dataclasses.is_dataclass(TensorDescriptor) and not hasattr(TensorDescriptor, "__slots__")
-                          and {f.name for f in dataclasses.fields(TensorDescriptor)}
-                          == {"base", "shape", "strides", "block_shape", "layout", "padding"})
+_UNCHECKED_DESCRIPTORS = descriptors.has_exactly_fields(
+    TensorDescriptor, {"base", "shape", "strides", "block_shape", "layout", "padding"})
 
 
 def _descriptor(t: torch.Tensor, shape: list, strides: list, block_shape: list, layout) -> TensorDescriptor:
     if not _UNCHECKED_DESCRIPTORS:
         return TensorDescriptor(t, shape, strides, block_shape, layout)
-    d = TensorDescriptor.__new__(TensorDescriptor)
-    d.__dict__.update(base=t, shape=shape, strides=strides, block_shape=block_shape, layout=layout, padding="zero")
-    return d
+    return descriptors.unchecked(TensorDescriptor, base=t, shape=shape, strides=strides, block_shape=block_shape,
+                                 layout=layout, padding="zero")
 
 
 def _tile_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:

@@ -105,15 +105,27 @@ def _descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
     A triton whose TensorDescriptor has other fields (pyproject allows >= 3.2) gets the checked one."""
     if not _UNCHECKED_DESCRIPTORS:
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block_shape)
-    d = TensorDescriptor.__new__(TensorDescriptor)
-    d.__dict__.update(base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=block_shape, padding="zero")
+    return unchecked(TensorDescriptor, base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=block_shape,
+                     padding="zero")
+
+
+def has_exactly_fields(cls, names: set[str]) -> bool:
+    """Whether cls is a plain dataclass (no __slots__) with exactly these fields, so that
+    `unchecked` builds what its constructor would, minus the checks."""
+    return (dataclasses.is_dataclass(cls) and not hasattr(cls, "__slots__")
+            and {f.name for f in dataclasses.fields(cls)} == names)
+
+
+def unchecked(cls, **fields):
+    """An instance of the dataclass cls with these fields, without running __init__ or
+    __post_init__ (their checks cost microseconds per descriptor on the hot path)."""
+    d = cls.__new__(cls)
+    d.__dict__.update(fields)
     return d
 
 
 # The fields _descriptor fills (triton 3.6); with any other set it takes the checked constructor.
-_UNCHECKED_DESCRIPTORS = (dataclasses.is_dataclass(TensorDescriptor) and not hasattr(TensorDescriptor, "__slots__")
-                          and {f.name for f in dataclasses.fields(TensorDescriptor)}
-                          == {"base", "shape", "strides", "block_shape", "padding"})
+_UNCHECKED_DESCRIPTORS = has_exactly_fields(TensorDescriptor, {"base", "shape", "strides", "block_shape", "padding"})
 
 
 def table_descriptor(t: torch.Tensor, block_rows: int, block_r: int):

@@ -183,10 +183,7 @@ class _Launch:
         for pos, source, index, offset in self.tensor_slots:
             args[pos] = addresses[source][index] + offset
         for pos, cls, fields, source, index, offset, dtype in self.desc_slots:
-            d = cls.__new__(cls)
-            d.__dict__.update(fields)
-            d.base = _Address(addresses[source][index] + offset, dtype)
-            args[pos] = d
+            args[pos] = descriptors.unchecked(cls, **fields, base=_Address(addresses[source][index] + offset, dtype))
         g0, g1, g2 = self.grid
         self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *self.tail)
 
