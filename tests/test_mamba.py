@@ -10,7 +10,7 @@ import triton.language as tl
 
 import genoflash
 from genoflash.layers import BiMamba, Mamba
-from genoflash.ops.mamba import scan, scan_channels_first, selective_scan_fn, selective_scan_reference
+from genoflash.ops.mamba import forward, scan, scan_channels_first, selective_scan_fn, selective_scan_reference
 from genoflash.ops.mamba.scan import _softplus
 
 from .attention_utils import EPS
@@ -61,11 +61,74 @@ def assert_scan_within_rule(inputs, dy, fn=selective_scan_fn):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("batch,seqlen,dim,dstate", [(1, 1, 8, 16), (2, 17, 10, 5), (1, 129, 12, 16),
-                                                     (2, 40, 3, 1)])
+                                                     (2, 40, 3, 1), (1, 33, 9, 2), (1, 50, 5, 3)])
 def test_scan_matches_the_recurrence(batch, seqlen, dim, dstate, dtype, device):
     torch.manual_seed(seqlen + dim)
     inputs = scan_inputs(batch, seqlen, dim, dstate, dtype, device)
     assert_scan_within_rule(inputs, torch.randn(batch, seqlen, dim, device=device, dtype=dtype))
+
+
+@pytest.mark.parametrize("batch,seqlen,dim,dstate", [(1, 1, 8, 16), (2, 17, 10, 5), (1, 129, 12, 16)])
+def test_chunked_forward_matches_the_recurrence(batch, seqlen, dim, dstate, device, monkeypatch):
+    """The chunked forward kernels (scan.py's), kept beside forward.py's for comparison."""
+    monkeypatch.setattr(forward, "ENABLED", False)
+    torch.manual_seed(seqlen + dim + 1)
+    inputs = scan_inputs(batch, seqlen, dim, dstate, torch.float32, device)
+    assert_scan_within_rule(inputs, torch.randn(batch, seqlen, dim, device=device))
+
+
+@pytest.mark.parametrize("chunks_per_segment", [1, 3])
+@pytest.mark.parametrize("layout", ["rows", "channels-first"])
+def test_sequential_forward_chunk_states(chunks_per_segment, layout, device, monkeypatch):
+    """forward.py's chunk states (each chunk's initial state and decay, what the backward takes)
+    equal the chunked forward's, and so does its output, with segments of one chunk and of three
+    (chunk boundaries inside a segment; the last segment partial). Without save_chunks it returns
+    the same output and no states."""
+    monkeypatch.setattr(forward, "CHUNKS_PER_SEGMENT", chunks_per_segment)
+    torch.manual_seed(23 + chunks_per_segment)
+    interpreted = device.type != "cuda"
+    batch, dim, dstate = 2, 20, 5
+    chunk = scan._blocks(dim, dstate, interpreted)["CHUNK"]
+    seqlen = 7 * chunk + 3
+    inputs = {k: v.detach() if isinstance(v, torch.Tensor) else v
+              for k, v in scan_inputs(batch, seqlen, dim, dstate, torch.float32, device).items()}
+    if layout == "channels-first":
+        for name in ("u", "delta", "z"):
+            inputs[name] = _time_contiguous(inputs[name])
+    kw = dict(D=inputs["D"], z=inputs["z"], delta_bias=inputs["delta_bias"], softplus=True)
+    args = (inputs["u"], inputs["delta"], inputs["A"], inputs["B"], inputs["C"], interpreted)
+    out, h, p = forward.scan_forward(*args, **kw)
+    kernels = scan_channels_first if layout == "channels-first" else scan
+    ref_out, ref_h, ref_p = kernels.scan_forward(*args, **kw)
+    assert h.shape == ref_h.shape == p.shape == (batch, -(-seqlen // chunk), dim, dstate)
+    assert out.stride() == ref_out.stride()
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(p, ref_p, rtol=1e-5, atol=1e-6)
+    assert h[:, 1:].abs().amax() > 0.1 and (p < 0.99).any()  # states that carry something
+    again, none_h, none_p = forward.scan_forward(*args, **kw, save_chunks=False)
+    assert none_h is None and none_p is None and torch.equal(again, out)
+
+
+def test_sequential_forward_rule_can_fail(device, monkeypatch):
+    """The forward's own check fails when a segment starts from zero instead of its carry."""
+
+    class NoCarry:
+        def __getitem__(self, grid):
+            def run(s_loc, decay, carried, *args, **kwargs):
+                carried.zero_()
+            return run
+
+    monkeypatch.setattr(scan, "_scan_chunk_pass_kernel", NoCarry())
+    monkeypatch.setattr(forward, "CHUNKS_PER_SEGMENT", 2)
+    torch.manual_seed(29)
+    seqlen = 5 * scan._blocks(8, 4, interpreted=device.type != "cuda")["CHUNK"]
+    inputs = scan_inputs(1, seqlen, 8, 4, torch.float32, device, features=False)
+    with torch.no_grad():
+        with genoflash.use_backend("triton"):
+            got = selective_scan_fn(**inputs)
+        truth = selective_scan_reference(**{k: v.double() for k, v in inputs.items()})
+    assert (got.double() - truth).abs().max() > 1e-2
 
 
 def atomic(**kwargs):
@@ -245,15 +308,19 @@ def _time_contiguous(t):
     return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(t.requires_grad)
 
 
+@pytest.mark.parametrize("sequential_forward", [True, False], ids=["sequential-forward", "chunked-forward"])
 @pytest.mark.parametrize("case", ["features", "features-flipped", "no-extras", "atomic", "odd-length-16-bit",
                                   "bias-z-only", "one-step"])
-def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
+def test_channels_first_kernels_within_the_rule(case, sequential_forward, device, monkeypatch):
     """The state-loop kernels (scan_channels_first.py), which take channels-first u and delta,
     within the rule over several chunks and channel blocks, and taken: a spy counts their
-    calls. "odd-length" also checks a length where Triton cannot vectorise the loads;
-    "flipped" forces the adjoint scans as flipped forward scans (the compiled default) on the
-    CPU too."""
+    calls (the forward is forward.py's unless switched off). "odd-length" also checks a length
+    where Triton cannot vectorise the loads; "flipped" forces the adjoint scans as flipped
+    forward scans (the compiled default) on the CPU too."""
     calls = []
+    monkeypatch.setattr(forward, "ENABLED", sequential_forward)
+    real_forward = forward.scan_forward
+    monkeypatch.setattr(forward, "scan_forward", lambda *a, **k: (calls.append("sequential"), real_forward(*a, **k))[1])
     for name in ("scan_forward", "scan_backward"):
         real = getattr(scan_channels_first, name)
         monkeypatch.setattr(scan_channels_first, name, lambda *a, _real=real, _n=name, **k: (calls.append(_n),
@@ -277,7 +344,7 @@ def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
         inputs["delta_bias"] = torch.rand(20, device=device).requires_grad_()
     fn = atomic if case == "atomic" else selective_scan_fn
     assert_scan_within_rule(inputs, torch.randn(2, seqlen, 20, device=device, dtype=dtype), fn=fn)
-    assert calls == ["scan_forward", "scan_backward"]
+    assert calls == ["sequential" if sequential_forward else "scan_forward", "scan_backward"]
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -32,7 +32,7 @@ class SelectiveScanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, deterministic):
-        from . import scan, scan_channels_first
+        from . import forward, scan, scan_channels_first
         interpreted = triton_interpreted()
         # Channels-first u and delta ((batch, seqlen, dim) views of (batch, dim, seqlen) memory)
         # go to the state-loop kernels when they are enabled; everything else to scan.py's, which
@@ -50,8 +50,14 @@ class SelectiveScanFunction(torch.autograd.Function):
         # The kernels read D and delta_bias as dense (dim,) vectors.
         D = None if D is None else D.contiguous()
         delta_bias = None if delta_bias is None else delta_bias.contiguous()
-        out, h0, decay = kernels.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
-                                              softplus=softplus)
+        # The forward runs as sequential per-thread recurrences (forward.py) unless switched off; it
+        # writes the chunk states either backward takes, and only when a backward will run.
+        if forward.ENABLED:
+            out, h0, decay = forward.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
+                                                  softplus=softplus, save_chunks=any(ctx.needs_input_grad))
+        else:
+            out, h0, decay = kernels.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z,
+                                                  delta_bias=delta_bias, softplus=softplus)
         ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, h0, decay)
         ctx.softplus, ctx.interpreted, ctx.deterministic, ctx.a_dtype = softplus, interpreted, deterministic, A.dtype
         ctx.kernels = kernels

@@ -1,0 +1,405 @@
+"""The selective scan's forward as sequential recurrences: one thread per channel, its states in
+registers, stepping through time.
+
+scan.py and scan_channels_first.py scan 32-step chunks across the lanes of a warp with
+`tl.associative_scan`: per state and step that is the decay, the scan's compose-and-shuffle
+tree (twice, once per pass) and, around it, chunk states of (chunk, channel, state) in HBM (1 GiB
+each at a million tokens and 512 channels). Their forward issued 28 sm_90 instructions per state
+and step (benchmarks/NOTES.md). What the recurrence itself needs is five:
+
+    decay = 2^(dt A log2(e))          FMUL, MUFU.EX2
+    h     = decay h + (dt u) B         FMUL, FFMA
+    y    += C h                        FFMA
+
+Here each thread owns one channel of one batch row over a segment of the sequence and holds its
+dstate states as a tuple of registers (a tuple of (BLOCK_D,) vectors: Triton tiles cannot be
+indexed, but a tuple is unrolled at compile time, so state n is always the same register). It
+steps through its segment T = 8 steps at a time: u, delta and z come in as (BLOCK_D, 8) tiles,
+one vector load per thread when time is contiguous (channels-first memory), and are split into
+their 8 steps in registers (`_steps`); B[t] and C[t] are the same for every channel and come in
+as broadcast loads of 4 states (`_state_row`). The per-(time, channel) work (softplus, dt u, the
+skip and the gate) is done once on the tiles, not once per state.
+
+Segments depend on each other only through their states, so the forward runs in three passes,
+as scan.py's does over chunks, but over segments of thousands of steps (a few per SM's worth
+of threads):
+  1. each segment from a zero state: its final state S_k and decay P_k = 2^(A log2(e) sum dt);
+  2. scan.py's carry walk over the segments: the state H_k entering each;
+  3. each segment from H_k: out = (y + u D) silu(z) in out's dtype, and, when a backward will
+     run, the state entering every CHUNK-step chunk and the chunk's decay, which the backward
+     kernels (scan.py, scan_channels_first.py) take as their chunk states.
+Pass 1's decays are computed again in pass 3: two MUFU.EX2 per state and step, at 16 per clock
+and SM the bound of this forward (4.1 ms at a million tokens, 512 channels, 16 states on the
+H200; its inputs and output take 1.0 ms to move at 4.2 TB/s).
+
+Steps past the sequence end get dt = 0 and u = 0: decay 1, nothing added, the state unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from ..host import cdiv, next_power_of_2, switched
+from .scan import _blocks, _carry_walk, _flags, _sigmoid, _softplus, _strides3
+
+# False: the interface runs the chunked forward kernels of scan.py / scan_channels_first.py (kept
+# for comparison: `genoflash.bench.mixers.scan_bandwidth` times both in one process).
+ENABLED = True
+
+LOG2E = tl.constexpr(1.4426950408889634)
+T = 8  # steps per tile: 16 bytes of a 16-bit input per thread when time is contiguous
+# Chunks per segment; None: chosen by `config` from the launch's size. Tests set it to run
+# several chunks (and their saved states) inside one segment on small inputs.
+CHUNKS_PER_SEGMENT: int | None = None
+# Programs per SM the sequence is cut into (with `config`'s 4 warps); a probe's knob
+# (benchmarks/scan_forward_probe.py sweeps it).
+PROGRAMS_PER_SM = 8
+
+
+def use_sequential_forward(enabled: bool):
+    """Allow (True, the default) or forbid this forward in a block (process-wide)."""
+    return switched(sys.modules[__name__], "ENABLED", enabled)
+
+
+@triton.jit
+def _decay(dt, a_log2, FAST_EXP: tl.constexpr):
+    """exp(dt A) = 2^(dt A log2(e)), a_log2 = A log2(e). On the GPU as ex2.approx.ftz: without
+    ftz, ex2.approx guards subnormal results with three more instructions around the MUFU, and
+    a decay below 2^-126 is 0 to any float32 state."""
+    x = dt * a_log2
+    if FAST_EXP:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return tl.math.exp2(x)
+
+
+@triton.jit
+def _steps(x):
+    """The 8 columns (time steps) of a (BLOCK_D, 8) tile, each (BLOCK_D,), in order. Each thread
+    holds its channel's 8 steps, so the reshapes and splits only rename registers."""
+    R: tl.constexpr = x.shape[0]
+    even, odd = tl.split(tl.reshape(x, (R, 4, 2)))       # steps 0 2 4 6 | 1 3 5 7
+    s04, s26 = tl.split(tl.reshape(even, (R, 2, 2)))     # 0 4 | 2 6
+    s15, s37 = tl.split(tl.reshape(odd, (R, 2, 2)))      # 1 5 | 3 7
+    s0, s4 = tl.split(s04)
+    s2, s6 = tl.split(s26)
+    s1, s5 = tl.split(s15)
+    s3, s7 = tl.split(s37)
+    return s0, s1, s2, s3, s4, s5, s6, s7
+
+
+@triton.jit
+def _tile_of_steps(s):
+    """_steps' inverse: 8 (BLOCK_D,) steps back into a (BLOCK_D, 8) tile."""
+    R: tl.constexpr = s[0].shape[0]
+    even = tl.reshape(tl.join(tl.join(s[0], s[4]), tl.join(s[2], s[6])), (R, 4))
+    odd = tl.reshape(tl.join(tl.join(s[1], s[5]), tl.join(s[3], s[7])), (R, 4))
+    return tl.reshape(tl.join(even, odd), (R, 8))
+
+
+@triton.jit
+def _state_row(X, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
+               PADDED: tl.constexpr):
+    """B[t] (or C[t]) as a tuple of DSTATE (BLOCK_D,) vectors, state n's value in every channel
+    (0 past n_valid where the states are PADDED to GROUP): GROUP states per broadcast load
+    (every lane of a warp reads the same bytes: one transaction), split into single states in
+    registers. X is float32 (the launcher converts B and C once: a 16-bit row costs one unpacking
+    instruction per state and step, in both passes)."""
+    row = ()
+    offs_g = tl.arange(0, GROUP)
+    for g in tl.static_range(DSTATE // GROUP):
+        n = g * GROUP + offs_g
+        ptrs = X + (n * stride_xn)[None, :] + tl.zeros([BLOCK_D, 1], tl.int32)
+        if PADDED:
+            tile = tl.load(ptrs, mask=(n < n_valid)[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+        if GROUP == 1:
+            row = row + (tl.reshape(tile, (BLOCK_D,)),)
+        elif GROUP == 2:
+            row = row + tl.split(tile)
+        else:  # GROUP == 4
+            even, odd = tl.split(tl.reshape(tile, (BLOCK_D, 2, 2)))  # states 0 2 | 1 3
+            n0, n2 = tl.split(even)
+            n1, n3 = tl.split(odd)
+            row = row + (n0, n1, n2, n3)
+    return row
+
+
+@triton.jit
+def _channel_states(X, d_ptr_offs, d_mask, stride_n, n_valid, scale, DSTATE: tl.constexpr):
+    """A per-channel array over the states (A's row, a state) as a tuple of DSTATE (BLOCK_D,)
+    vectors, times scale; 0 for the padding states past n_valid."""
+    out = ()
+    for n in tl.static_range(DSTATE):
+        out = out + (tl.load(X + d_ptr_offs + n * stride_n, mask=d_mask & (n < n_valid), other=0.0).to(tl.float32)
+                     * scale,)
+    return out
+
+
+@triton.jit
+def _zero_states(BLOCK_D: tl.constexpr, DSTATE: tl.constexpr):
+    h = ()
+    for n in tl.static_range(DSTATE):
+        h = h + (tl.zeros([BLOCK_D], tl.float32),)
+    return h
+
+
+@triton.jit
+def _store_states(X, d_ptr_offs, d_mask, h, stride_n, n_valid, DSTATE: tl.constexpr):
+    """_channel_states' inverse: the first n_valid states of the tuple h."""
+    for n in tl.static_range(DSTATE):
+        tl.store(X + d_ptr_offs + n * stride_n, h[n], mask=d_mask & (n < n_valid))
+
+
+@triton.jit
+def _chunk_decays(a, dt_sum, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
+    """prod_t exp(dt[t] A) over a stretch of steps = 2^(A log2(e) sum_t dt[t]), per state."""
+    p = ()
+    for n in tl.static_range(DSTATE):
+        p = p + (_decay(dt_sum, a[n], FAST_EXP),)
+    return p
+
+
+@triton.jit
+def _time_tile(X, base, t0, offs_t, stride_l, mask_d, seqlen):
+    """(BLOCK_D, T) float32 tile of steps t0 .. t0 + T - 1 (0 outside the sequence and channels)."""
+    t = t0 + offs_t
+    return tl.load(X + base[:, None] + t[None, :].to(tl.int64) * stride_l, mask=mask_d[:, None] & (t < seqlen)[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _step_sizes(DELTA, base, t0, offs_t, stride_l, mask_d, seqlen, bias, HAS_BIAS: tl.constexpr,
+                SOFTPLUS: tl.constexpr):
+    """dt = softplus(delta + delta_bias) over a (BLOCK_D, T) tile, 0 past the sequence end (a
+    bias would otherwise make softplus(0 + bias) > 0 there)."""
+    x = _time_tile(DELTA, base, t0, offs_t, stride_l, mask_d, seqlen)
+    if HAS_BIAS:
+        x += bias[:, None]
+    if SOFTPLUS:
+        x = _softplus(x)
+    return tl.where((t0 + offs_t < seqlen)[None, :], x, 0.0)
+
+
+@triton.jit
+def _advance(h, a, dt, dtu, b, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
+    """One step of every state: h <- exp(dt A) h + dt u B."""
+    out = ()
+    for n in tl.static_range(DSTATE):
+        out = out + (_decay(dt, a[n], FAST_EXP) * h[n] + dtu * b[n],)
+    return out
+
+
+@triton.jit
+def _advance_and_read(h, a, dt, dtu, b, c, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
+    """One step of every state, and y = sum_n C h after it."""
+    out = ()
+    y = tl.zeros_like(dt)
+    for n in tl.static_range(DSTATE):
+        hn = _decay(dt, a[n], FAST_EXP) * h[n] + dtu * b[n]
+        y += c[n] * hn
+        out = out + (hn,)
+    return out, y
+
+
+@triton.jit
+def _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D: tl.constexpr,
+                   DSTATE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The program's channels, A log2(e) per state and the delta bias, (BLOCK_D,) each."""
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < dim
+    a = _channel_states(A, offs_d * stride_ad, mask_d, stride_an, dstate, LOG2E, DSTATE)
+    bias = tl.zeros([BLOCK_D], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(DELTA_BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    return offs_d, mask_d, a, bias
+
+
+@triton.jit
+def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim, dstate,
+                      stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                      stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
+                      BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr,
+                      FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """Pass 1: each segment from a zero state; its final state S_k and decay P_k."""
+    off_b, seg = tl.program_id(0), tl.program_id(2)
+    offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
+                                             HAS_BIAS)
+    offs_t = tl.arange(0, 8)
+    u_base = off_b.to(tl.int64) * stride_ub + offs_d.to(tl.int64) * stride_ud
+    d_base = off_b.to(tl.int64) * stride_db + offs_d.to(tl.int64) * stride_dd
+    t_start = seg * seg_len
+    # B's rows from the segment start (offsets within a segment stay small in 32 bits)
+    b_seg = B + off_b.to(tl.int64) * stride_bb + t_start.to(tl.int64) * stride_bl
+    h = _zero_states(BLOCK_D, DSTATE)
+    dt_sum = tl.zeros([BLOCK_D], tl.float32)
+    for t0 in range(t_start, tl.minimum(t_start + seg_len, seqlen), 8):
+        dt = _step_sizes(DELTA, d_base, t0, offs_t, stride_dl, mask_d, seqlen, bias, HAS_BIAS, SOFTPLUS)
+        dtu = dt * _time_tile(U, u_base, t0, offs_t, stride_ul, mask_d, seqlen)
+        dt_sum += tl.sum(dt, 1)
+        dts, dtus = _steps(dt), _steps(dtu)
+        for j in tl.static_range(8):
+            b = _state_row(b_seg + (t0 - t_start + j) * stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED)
+            h = _advance(h, a, dts[j], dtus[j], b, DSTATE, FAST_EXP)
+    s_offs = off_b.to(tl.int64) * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd
+    _store_states(S_LOC, s_offs, mask_d, h, 1, dstate, DSTATE)
+    _store_states(P, s_offs, mask_d, _chunk_decays(a, dt_sum, DSTATE, FAST_EXP), 1, dstate, DSTATE)
+
+
+@triton.jit
+def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_CHUNK, seqlen, seg_len, dim, dstate,
+                    stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
+                    stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn, stride_zb, stride_zl, stride_zd,
+                    stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd, stride_hb, stride_hc,
+                    stride_hd, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
+                    PADDED: tl.constexpr, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr):
+    """Pass 3: each segment from its true initial state H_k: out = (sum_n C h + u D) silu(z),
+    rounded once to OUT's dtype; with SAVE_CHUNKS, each CHUNK-step chunk's initial state and
+    decay for the backward (segments hold whole chunks: seg_len is a multiple of CHUNK)."""
+    off_b, seg = tl.program_id(0), tl.program_id(2)
+    offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
+                                             HAS_BIAS)
+    offs_t = tl.arange(0, 8)
+    skip = tl.zeros([BLOCK_D], tl.float32)
+    if HAS_D:
+        skip = tl.load(D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    b64 = off_b.to(tl.int64)
+    u_base = b64 * stride_ub + offs_d.to(tl.int64) * stride_ud
+    d_base = b64 * stride_db + offs_d.to(tl.int64) * stride_dd
+    z_base = b64 * stride_zb + offs_d.to(tl.int64) * stride_zd
+    o_base = b64 * stride_ob + offs_d.to(tl.int64) * stride_od
+    h = _channel_states(H_SEG, b64 * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd,
+                        mask_d, 1, dstate, 1.0, DSTATE)
+    # chunk-state offsets from the segment's first chunk (a chunk index times the chunk stride
+    # passes 2^31 at genome scale)
+    t_start = seg * seg_len
+    h_offs = b64 * stride_hb + (t_start // CHUNK).to(tl.int64) * stride_hc + offs_d * stride_hd
+    t_end = tl.minimum(t_start + seg_len, seqlen)
+    b_seg = B + b64 * stride_bb + t_start.to(tl.int64) * stride_bl
+    c_seg = C + b64 * stride_cb + t_start.to(tl.int64) * stride_cl
+    dt_sum = tl.zeros([BLOCK_D], tl.float32)
+    for t0 in range(t_start, t_end, 8):
+        if SAVE_CHUNKS:
+            if t0 % CHUNK == 0:  # the state entering chunk t0 // CHUNK
+                _store_states(H_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d, h, 1, dstate, DSTATE)
+        dt = _step_sizes(DELTA, d_base, t0, offs_t, stride_dl, mask_d, seqlen, bias, HAS_BIAS, SOFTPLUS)
+        u = _time_tile(U, u_base, t0, offs_t, stride_ul, mask_d, seqlen)
+        dts, dtus = _steps(dt), _steps(dt * u)
+        ys = ()
+        for j in tl.static_range(8):
+            b = _state_row(b_seg + (t0 - t_start + j) * stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED)
+            c = _state_row(c_seg + (t0 - t_start + j) * stride_cl, dstate, stride_cn, BLOCK_D, DSTATE, GROUP, PADDED)
+            h, y = _advance_and_read(h, a, dts[j], dtus[j], b, c, DSTATE, FAST_EXP)
+            ys = ys + (y,)
+        y = _tile_of_steps(ys)
+        if HAS_D:
+            y += u * skip[:, None]
+        if HAS_Z:
+            z = _time_tile(Z, z_base, t0, offs_t, stride_zl, mask_d, seqlen)
+            y *= z * _sigmoid(z)
+        t = t0 + offs_t
+        tl.store(OUT + o_base[:, None] + t[None, :].to(tl.int64) * stride_ol, y.to(OUT.dtype.element_ty),
+                 mask=mask_d[:, None] & (t < seqlen)[None, :])
+        if SAVE_CHUNKS:
+            dt_sum += tl.sum(dt, 1)
+            if ((t0 + 8) % CHUNK == 0) | (t0 + 8 >= t_end):  # the chunk's last tile: its decay
+                _store_states(P_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d,
+                              _chunk_decays(a, dt_sum, DSTATE, FAST_EXP), 1, dstate, DSTATE)
+                dt_sum = tl.zeros([BLOCK_D], tl.float32)
+
+
+# ---------------------------------------------------------------- launch
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: torch.device,
+           interpreted: bool) -> dict:
+    """Tile sizes and the segment length.
+
+    BLOCK_D = 32 channels per warp, 4 warps; DSTATE the states rounded up to GROUP (4, or the
+    next power of two below 4). The sequence splits into segments so that the launch has ~8
+    programs per SM (two waves of 4-warp programs at ~130 registers; each program's work is the
+    same, so the waves are even), each a whole number of CHUNK-step chunks (the backward's chunk
+    states) and at least one chunk. In the interpreter, one chunk per segment, so that small
+    tests cross segment boundaries."""
+    warps = 1 if interpreted else 4
+    block_d = 32 * warps
+    group = 4 if dstate >= 4 else next_power_of_2(dstate)
+    n_chunks = cdiv(seqlen, chunk)
+    if CHUNKS_PER_SEGMENT is not None:
+        chunks_per_seg = CHUNKS_PER_SEGMENT
+    elif interpreted or device.type != "cuda":
+        chunks_per_seg = 1
+    else:
+        rows = batch * cdiv(dim, block_d)
+        segments = max(1, cdiv(PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else 0), rows))
+        chunks_per_seg = cdiv(n_chunks, segments)
+    padded = cdiv(dstate, group) * group
+    return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate, num_warps=warps,
+                seg_len=chunks_per_seg * chunk, n_seg=cdiv(n_chunks, chunks_per_seg))
+
+
+def _float_rows(x: torch.Tensor) -> torch.Tensor:
+    """B or C, (batch, seqlen, dstate), as float32 with each step's states adjacent: what
+    _state_row loads. A copy of dstate values per step, small beside the dim-wide u, delta, z."""
+    if x.dtype == torch.float32 and x.stride(2) == 1:
+        return x
+    return x.float().contiguous()
+
+
+def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None, delta_bias=None,
+                 softplus: bool = False, save_chunks: bool = True, out_dtype: torch.dtype | None = None):
+    """out = (core(u, dt, A, B, C) + u D) silu(z) (each part where given), dt = softplus(delta +
+    delta_bias), in out_dtype (u's by default) and u's layout (channels-first u gives a
+    channels-first out). Returns (out, H, P): each CHUNK-step chunk's initial state and decay,
+    (batch, n_chunks, dim, dstate) float32, as scan.scan_forward's, for the backward (None, None
+    with save_chunks=False). Any strides and float dtypes; A is float32."""
+    batch, seqlen, dim = u.shape
+    dstate = A.shape[1]
+    chunk = _blocks(dim, dstate, interpreted)["CHUNK"]
+    cfg = config(batch, seqlen, dim, dstate, chunk, u.device, interpreted)
+    seg_len, n_seg = cfg.pop("seg_len"), cfg.pop("n_seg")
+    assert chunk % T == 0 and seg_len % chunk == 0, (chunk, seg_len)  # tiles never straddle a chunk
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_seg)
+    flags = _flags(D, z, delta_bias, softplus)
+    bias = u if delta_bias is None else delta_bias  # placeholder pointers where not given
+    fast_exp = not interpreted
+    B32 = _float_rows(B)
+    common = (seqlen, seg_len, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1),
+              *_strides3(B32))
+    s_loc, s_decay, h_seg = (torch.empty(batch, n_seg, dim, dstate, device=u.device, dtype=torch.float32)
+                             for _ in range(3))
+    s_strides = _strides3(s_loc)
+    _seq_local_kernel[grid](u, delta, bias, A, B32, s_loc, s_decay, *common, *s_strides, FAST_EXP=fast_exp,
+                            HAS_BIAS=flags["HAS_BIAS"], SOFTPLUS=flags["SOFTPLUS"], **cfg)
+    _carry_walk(s_loc, s_decay, h_seg, False, _blocks(dim, dstate, interpreted))
+    del s_loc, s_decay
+    # out in u's layout: a channels-first u (time contiguous) gives a channels-first out.
+    if u.stride(1) == 1 and seqlen > 1:
+        out = torch.empty(batch, dim, seqlen, device=u.device, dtype=out_dtype or u.dtype).transpose(1, 2)
+    else:
+        out = torch.empty(batch, seqlen, dim, device=u.device, dtype=out_dtype or u.dtype)
+    n_chunks = cdiv(seqlen, chunk)
+    if save_chunks:
+        h_chunk, p_chunk = (torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
+                            for _ in range(2))
+    else:
+        h_chunk = p_chunk = h_seg  # placeholders, never written
+    gate = u if z is None else z
+    C32 = _float_rows(C)
+    _seq_out_kernel[grid](u, delta, bias, A, B32, C32, u if D is None else D, gate, h_seg, out, h_chunk, p_chunk,
+                          *common, *_strides3(C32), *_strides3(gate), *_strides3(out), *s_strides,
+                          *_strides3(h_chunk), CHUNK=chunk, FAST_EXP=fast_exp, SAVE_CHUNKS=save_chunks, **flags,
+                          **cfg)
+    return (out, h_chunk, p_chunk) if save_chunks else (out, None, None)
