@@ -194,6 +194,9 @@ def main(argv):
     parser.add_argument("--gqa", action="store_true", help="two query heads per K/V head")
     parser.add_argument("--heads-per-split", type=int,
                         help="GQA: query heads per dK/dV program (configs.dkdv_group_split), e.g. 1 with --gqa")
+    parser.add_argument("--sequential-forward", action="store_true",
+                        help="mamba: forward.py's kernels (pass 1 and the output pass), dstate = D (the "
+                             "positional argument); channels-first inputs with --channels-first")
     parser.add_argument("--channels-first", action="store_true",
                         help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
@@ -239,12 +242,17 @@ def main(argv):
         if args.channels_first:  # the state-loop kernels, on (batch, dim, seqlen) memory
             scan = scan_channels_first
             u, delta, z = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (u, delta, z))
-        A = -torch.rand(512, 16)
-        B, C = (torch.randn(1, 1024, 16, dtype=torch.bfloat16) for _ in range(2))
+        dstate = args.d if args.sequential_forward else 16
+        A = -torch.rand(512, dstate)
+        B, C = (torch.randn(1, 1024, dstate, dtype=torch.bfloat16) for _ in range(2))
         extras = dict(D=torch.ones(512), z=z, delta_bias=torch.rand(512), softplus=True)
-        y, h0, decay = scan.scan_forward(u, delta, A, B, C, **extras)
-        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, **extras)
-        scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False, **extras)
+        if args.sequential_forward:  # forward.py's kernels only (layout by --channels-first), dstate = D
+            from genoflash.ops.mamba import forward
+            forward.scan_forward(u, delta, A, B, C, **extras)
+        else:
+            y, h0, decay = scan.scan_forward(u, delta, A, B, C, **extras)
+            scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, **extras)
+            scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False, **extras)
         seen_kernels: dict[str, int] = {}
         for name, warps, stages, kernel in COMPILED:
             print(f"mamba {name:<32} warps {warps} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")
