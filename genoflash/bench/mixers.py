@@ -124,18 +124,22 @@ def copy_bandwidth_gbps(device, gib: float = 2.0) -> float:
 
 def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.bfloat16,
                    channels_first: bool = False) -> dict:
-    """The Mamba scan's kernels alone (ops/mamba/scan.py), forward and backward, at batch 1, as
-    the Mamba layer calls them: u, delta, z, B, C in `dtype`, A, D and delta_bias float32, with
-    the softplus, the skip and the gate (all inside the kernels). GB/s count the bytes the scan
-    must move: forward reads u, delta, z, B, C and writes out; backward reads dout, u, delta, z,
-    B, C and writes du, ddelta, dz (in `dtype`) and dB, dC (float32). The kernels' real
-    traffic is larger (they read their inputs two or three times, and pass chunk states through
-    HBM). The backward is timed both ways: deterministic (the default) and with atomic dB/dC
-    (`deterministic=False`). channels_first: the state-loop kernels of scan_channels_first.py, on
-    (batch, dim, seqlen) u, delta, z and dout."""
-    from ..ops.mamba import scan, scan_channels_first
+    """The Mamba scan's kernels alone, forward and backward, at batch 1, as the Mamba layer calls
+    them: u, delta, z, B, C in `dtype`, A, D and delta_bias float32, with the softplus, the skip
+    and the gate (all inside the kernels). GB/s count the bytes the scan must move: forward reads
+    u, delta, z, B, C and writes out; backward reads dout, u, delta, z, B, C and writes du,
+    ddelta, dz (in `dtype`) and dB, dC (float32). The kernels' real traffic is larger (they read
+    their inputs twice or three times, and pass chunk states through HBM).
+
+    fwd_ms is the forward the interface runs in training: forward.py's sequential kernels with
+    the chunk states for the backward (`fwd_inference_ms` without them), or, with
+    forward.ENABLED off, the chunked kernels'; `fwd_chunked_ms` times the chunked kernels too,
+    in the same process. The backward is timed both ways: deterministic (the default) and with
+    atomic dB/dC (`deterministic=False`). channels_first: u, delta, z and dout as (batch, dim,
+    seqlen) memory and the backward's state-loop kernels (scan_channels_first.py); else the
+    3-D tiles of scan.py."""
+    from ..ops.mamba import forward, scan, scan_channels_first
     kernels = scan_channels_first if channels_first else scan
-    scan_forward, scan_backward = kernels.scan_forward, kernels.scan_backward
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (1, d_inner, seqlen) if channels_first else (1, seqlen, d_inner)
 
@@ -149,18 +153,34 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     D = torch.ones(d_inner, device=device)
     bias = torch.rand(d_inner, device=device, generator=gen) - 4.0
     extras = dict(D=D, z=z, delta_bias=bias, softplus=True)
-    out, h0, decay = scan_forward(u, delta, A, B, C, **extras)
+    if forward.ENABLED:
+        def scan_forward(**kw):
+            return forward.scan_forward(u, delta, A, B, C, **extras, **kw)
+    else:
+        def scan_forward(**kw):
+            return kernels.scan_forward(u, delta, A, B, C, **extras)
+    out, h0, decay = scan_forward()
+    chunked = kernels.scan_forward(u, delta, A, B, C, **extras)
+    # The two forwards compute the same recurrence in another order: their outputs agree to bf16's rounding.
+    agree = ((out.float() - chunked[0].float()).abs().max() / chunked[0].float().abs().max().clamp_min(1e-6)).item()
+    del chunked
     dout = act()
-    fwd_ms = _time(lambda: scan_forward(u, delta, A, B, C, **extras), device)
-    bwd_ms = _time(lambda: scan_backward(dout, u, delta, A, B, C, h0, decay, **extras), device)
-    bwd_atomic_ms = _time(lambda: scan_backward(dout, u, delta, A, B, C, h0, decay, deterministic=False, **extras),
-                          device)
+    fwd_ms = _time(scan_forward, device)
+    fwd_inference_ms = _time(lambda: scan_forward(save_chunks=False), device) if forward.ENABLED else fwd_ms
+    fwd_chunked_ms = _time(lambda: kernels.scan_forward(u, delta, A, B, C, **extras), device)
+    bwd_ms = _time(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay, **extras), device)
+    bwd_atomic_ms = _time(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay, deterministic=False,
+                                                        **extras), device)
     ld, ln, e = seqlen * d_inner, seqlen * dstate, u.element_size()
     fwd_bytes = e * (4 * ld + 2 * ln)
     bwd_bytes = e * (7 * ld + 2 * ln) + 2 * 4 * ln
     return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "dtype": str(dtype),
-            "kernels": "channels-first state loop" if channels_first else "3-D tiles", "fwd_ms": fwd_ms,
+            "kernels": "channels-first state loop" if channels_first else "3-D tiles",
+            "forward": "sequential (forward.py)" if forward.ENABLED else "chunked", "fwd_ms": fwd_ms,
+            "fwd_inference_ms": fwd_inference_ms, "fwd_chunked_ms": fwd_chunked_ms,
+            "fwd_rel_diff_vs_chunked": agree,
             "bwd_ms": bwd_ms, "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9,
+            "fwd_inference_gbps": fwd_bytes / (fwd_inference_ms * 1e-3) / 1e9,
             "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
             "bwd_atomic_ms": bwd_atomic_ms, "bwd_atomic_gbps": bwd_bytes / (bwd_atomic_ms * 1e-3) / 1e9,
             "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
@@ -379,9 +399,12 @@ def _run(args, device: torch.device) -> int:
                 point = scan_bandwidth(n, d_inner, 16, device, channels_first=not args.mamba_3d_tiles)
                 point.update(fwd_of_copy=point["fwd_gbps"] / copy, bwd_of_copy=point["bwd_gbps"] / copy)
                 report["scan"]["points"].append(point)
+                point.update(fwd_inference_of_copy=point["fwd_inference_gbps"] / copy)
                 print(f"scan d_inner={d_inner} N={n:>9,}  fwd {point['fwd_ms']:.3f} ms {point['fwd_gbps']:.0f} GB/s "
-                      f"({point['fwd_of_copy']:.0%} of copy)  bwd {point['bwd_ms']:.3f} ms {point['bwd_gbps']:.0f} "
-                      f"GB/s ({point['bwd_of_copy']:.0%}); atomic bwd {point['bwd_atomic_ms']:.3f} ms", flush=True)
+                      f"({point['fwd_of_copy']:.0%} of copy; without chunk states {point['fwd_inference_ms']:.3f} ms "
+                      f"{point['fwd_inference_of_copy']:.0%}; chunked kernels {point['fwd_chunked_ms']:.3f} ms)  "
+                      f"bwd {point['bwd_ms']:.3f} ms {point['bwd_gbps']:.0f} GB/s ({point['bwd_of_copy']:.0%}); "
+                      f"atomic bwd {point['bwd_atomic_ms']:.3f} ms", flush=True)
                 save()
     if args.ssd_seqlens:
         # Side by side with Mamba-2's SSD kernels, the issue's peer for the scan (measurement only).

@@ -1,0 +1,93 @@
+"""Probe: the Mamba scan's sequential forward (genoflash/ops/mamba/forward.py) beside the chunked
+forward kernels it replaces, on the H200.
+
+Prediction (offline sm_90 SASS, dstate 16): the chunked forward issued ~28 instructions per state
+and step, the sequential one 6.1 (pass 1) + 10.0 (pass 3). Both passes take one MUFU.EX2 per
+state and step; at 16 per clock and SM (132 SMs, ~1.98 GHz) that bounds the forward at ~4.1 ms
+for a million tokens x 512 channels x 16 states, whose bytes take ~1.0 ms at 4.2 TB/s: the
+forward should land near 25% of copy bandwidth at best, against 6% before.
+
+Times `genoflash.bench.mixers.scan_bandwidth` (sequential forward with and without the chunk
+states, the chunked forward, the backward) over N and d_inner, both layouts, and the segments'
+count (forward.PROGRAMS_PER_SM). `--ncu`: one sequential forward and one backward at 262k x 512
+between cudaProfilerStart/Stop, for Nsight Compute's pipe utilisation and each kernel's time.
+
+    python benchmarks/scan_forward_probe.py --out X.json [--ncu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+
+import torch
+import triton
+
+from genoflash.bench.mixers import copy_bandwidth_gbps, scan_bandwidth
+from genoflash.ops.mamba import forward, scan_channels_first
+
+
+def _ncu_once() -> None:
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    n, d, s = 262144, 512, 16
+    u, delta, z = (torch.randn(1, d, n, device=device, generator=gen, dtype=torch.bfloat16).transpose(1, 2)
+                   for _ in range(3))
+    A = -torch.rand(d, s, device=device, generator=gen) - 0.5
+    B, C = (torch.randn(1, n, s, device=device, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    extras = dict(D=torch.ones(d, device=device), z=z, delta_bias=torch.rand(d, device=device) - 4.0, softplus=True)
+    dout = torch.randn(1, d, n, device=device, generator=gen, dtype=torch.bfloat16).transpose(1, 2)
+
+    def once():
+        _, h0, decay = forward.scan_forward(u, delta, A, B, C, **extras)
+        scan_channels_first.scan_backward(dout, u, delta, A, B, C, h0, decay, **extras)
+
+    once()  # compile outside the profiled range
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    once()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ncu", action="store_true")
+    args = ap.parse_args()
+    if args.ncu:
+        _ncu_once()
+        return
+    device = torch.device("cuda")
+    copy = copy_bandwidth_gbps(device)
+    rows = []
+
+    def point(**kw):
+        p = scan_bandwidth(device=device, **kw)
+        p.update(programs_per_sm=forward.PROGRAMS_PER_SM, copy_gbps=copy, fwd_of_copy=p["fwd_gbps"] / copy,
+                 fwd_inference_of_copy=p["fwd_inference_gbps"] / copy, bwd_of_copy=p["bwd_gbps"] / copy)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()}), flush=True)
+        rows.append(p)
+
+    for channels_first in (True, False):
+        for d_inner in (512, 2048):
+            for seqlen in (65536, 262144, 1048576):
+                point(seqlen=seqlen, d_inner=d_inner, dstate=16, channels_first=channels_first)
+    default = forward.PROGRAMS_PER_SM
+    try:
+        for per_sm in (4, 16, 32):
+            forward.PROGRAMS_PER_SM = per_sm
+            for seqlen in (65536, 1048576):
+                point(seqlen=seqlen, d_inner=512, dstate=16, channels_first=True)
+    finally:
+        forward.PROGRAMS_PER_SM = default
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                       timespec="seconds"), torch=torch.__version__, triton=triton.__version__,
+                       commit=os.environ.get("GENOFLASH_COMMIT", "unknown"), copy_gbps=copy, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
