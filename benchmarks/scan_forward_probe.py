@@ -12,7 +12,11 @@ states, the chunked forward, the backward) over N and d_inner, both layouts, and
 count (forward.PROGRAMS_PER_SM). `--ncu`: one sequential forward and one backward at 262k x 512
 between cudaProfilerStart/Stop, for Nsight Compute's pipe utilisation and each kernel's time.
 
-    python benchmarks/scan_forward_probe.py --out X.json [--ncu]
+`--variants`: the forward alone (with and without the chunk states) under each setting of
+forward.ROWS_AHEAD and forward.OUT_MAXNREG, in one process (twenty-second session: B's and C's
+rows and the next tile loaded ahead of their use).
+
+    python benchmarks/scan_forward_probe.py --out X.json [--ncu | --variants]
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import torch
 import triton
 
-from genoflash.bench.mixers import copy_bandwidth_gbps, scan_bandwidth
+from genoflash.bench.mixers import _time, copy_bandwidth_gbps, scan_bandwidth
 from genoflash.ops.mamba import forward, scan_channels_first
 
 
@@ -52,10 +56,49 @@ def _ncu_once() -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
+def _variants(copy: float) -> list[dict]:
+    """forward.scan_forward alone per (ROWS_AHEAD, OUT_MAXNREG), bf16, dstate 16, with the Mamba
+    block's extras; GB/s over the bytes the forward must move (as scan_bandwidth counts them)."""
+    device = torch.device("cuda")
+    rows = []
+    for channels_first, d_inner, n in ((True, 512, 262144), (True, 512, 1048576), (True, 2048, 262144),
+                                       (False, 512, 262144)):
+        gen = torch.Generator(device=device).manual_seed(0)
+        shape = (1, d_inner, n) if channels_first else (1, n, d_inner)
+
+        def act(scale=1.0):
+            t = (torch.randn(shape, device=device, generator=gen) * scale).to(torch.bfloat16)
+            return t.transpose(1, 2) if channels_first else t
+
+        u, z, delta = act(), act(), act(0.5)
+        A = -torch.rand(d_inner, 16, device=device, generator=gen) - 0.5
+        B, C = (torch.randn(1, n, 16, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+        extras = dict(D=torch.ones(d_inner, device=device), z=z, delta_bias=torch.rand(d_inner, device=device) - 4.0,
+                      softplus=True)
+        reference = None
+        fwd_bytes = 2 * (4 * n * d_inner + 2 * n * 16)
+        for ahead, maxnreg in ((1, None), (2, None), (1, 128), (4, None)):
+            forward.ROWS_AHEAD, forward.OUT_MAXNREG = ahead, maxnreg
+            out = forward.scan_forward(u, delta, A, B, C, **extras)[0].float()
+            if reference is None:
+                reference = out
+            diff = ((out - reference).abs().max() / reference.abs().max()).item()
+            ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras), device)
+            inf_ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras, save_chunks=False), device)
+            row = dict(channels_first=channels_first, d_inner=d_inner, seqlen=n, rows_ahead=ahead, out_maxnreg=maxnreg,
+                       fwd_ms=ms, fwd_inference_ms=inf_ms, fwd_of_copy=fwd_bytes / (ms * 1e-3) / 1e9 / copy,
+                       fwd_inference_of_copy=fwd_bytes / (inf_ms * 1e-3) / 1e9 / copy, rel_diff_vs_first=diff)
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+            rows.append(row)
+        forward.ROWS_AHEAD, forward.OUT_MAXNREG = 1, None
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--variants", action="store_true")
     args = ap.parse_args()
     if args.ncu:
         _ncu_once()
@@ -63,6 +106,10 @@ def main() -> None:
     device = torch.device("cuda")
     copy = copy_bandwidth_gbps(device)
     rows = []
+    if args.variants:
+        rows = _variants(copy)
+        _save(args.out, copy, rows)
+        return
 
     def point(**kw):
         p = scan_bandwidth(device=device, **kw)
@@ -83,7 +130,11 @@ def main() -> None:
                 point(seqlen=seqlen, d_inner=512, dstate=16, channels_first=True)
     finally:
         forward.PROGRAMS_PER_SM = default
-    with open(args.out, "w") as f:
+    _save(args.out, copy, rows)
+
+
+def _save(path: str, copy: float, rows: list[dict]) -> None:
+    with open(path, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                        timespec="seconds"), torch=torch.__version__, triton=triton.__version__,
                        commit=os.environ.get("GENOFLASH_COMMIT", "unknown"), copy_gbps=copy, rows=rows), f, indent=1)

@@ -77,14 +77,16 @@ def test_chunked_forward_matches_the_recurrence(batch, seqlen, dim, dstate, devi
     assert_scan_within_rule(inputs, torch.randn(batch, seqlen, dim, device=device))
 
 
-@pytest.mark.parametrize("chunks_per_segment", [1, 3])
+@pytest.mark.parametrize("chunks_per_segment,rows_ahead", [(1, 1), (3, 1), (3, 3)])
 @pytest.mark.parametrize("layout", ["rows", "channels-first"])
-def test_sequential_forward_chunk_states(chunks_per_segment, layout, device, monkeypatch):
+def test_sequential_forward_chunk_states(chunks_per_segment, rows_ahead, layout, device, monkeypatch):
     """forward.py's chunk states (each chunk's initial state and decay, what the backward takes)
     equal the chunked forward's, and so does its output, with segments of one chunk and of three
-    (chunk boundaries inside a segment; the last segment partial). Without save_chunks it returns
-    the same output and no states."""
+    (chunk boundaries inside a segment; the last segment partial, ending mid-tile), and B's and
+    C's rows loaded one step or three ahead (the ring reaching past segment and sequence ends).
+    Without save_chunks it returns the same output and no states."""
     monkeypatch.setattr(forward, "CHUNKS_PER_SEGMENT", chunks_per_segment)
+    monkeypatch.setattr(forward, "ROWS_AHEAD", rows_ahead)
     torch.manual_seed(23 + chunks_per_segment)
     interpreted = device.type != "cuda"
     batch, dim, dstate = 2, 20, 5

@@ -59,6 +59,11 @@ CHUNKS_PER_SEGMENT: int | None = None
 # Programs per SM the sequence is cut into (with `config`'s 4 warps); a probe's knob
 # (benchmarks/scan_forward_probe.py sweeps it).
 PROGRAMS_PER_SM = 8
+# Steps ahead of their use at which B's and C's rows are loaded (_rows_ahead); 1 or more.
+ROWS_AHEAD = 1
+# A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice), a probe's knob: at 152
+# registers 3 of its 4-warp programs fit an SM, at 128 four.
+OUT_MAXNREG: int | None = None
 
 
 def use_sequential_forward(enabled: bool):
@@ -109,7 +114,8 @@ def _state_row(X, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexp
     (0 past n_valid where the states are PADDED to GROUP): GROUP states per broadcast load
     (every lane of a warp reads the same bytes: one transaction), split into single states in
     registers. X is float32 (the launcher converts B and C once: a 16-bit row costs one unpacking
-    instruction per state and step, in both passes)."""
+    instruction per state and step, in both passes). X must be a row of the sequence: callers
+    clamp steps past its end to its last row (an unmasked load needs no zeroing instructions)."""
     row = ()
     offs_g = tl.arange(0, GROUP)
     for g in tl.static_range(DSTATE // GROUP):
@@ -129,6 +135,37 @@ def _state_row(X, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexp
             n1, n3 = tl.split(odd)
             row = row + (n0, n1, n2, n3)
     return row
+
+
+@triton.jit
+def _first_rows(X_SEG, t_start, t_end, stride_xl, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr,
+                GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr):
+    """The rows of a segment's first AHEAD steps (B's or C's): _rows_ahead's ring at the start."""
+    ring = ()
+    for k in tl.static_range(AHEAD):
+        row = tl.minimum(t_start + k, t_end - 1) - t_start
+        ring = ring + (_state_row(X_SEG + row * stride_xl, n_valid, stride_xn, BLOCK_D, DSTATE, GROUP, PADDED),)
+    return ring
+
+
+@triton.jit
+def _rows_ahead(ring, X_SEG, t, t_start, t_end, stride_xl, n_valid, stride_xn, BLOCK_D: tl.constexpr,
+                DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr):
+    """Step t's row, loaded AHEAD steps ago, and the ring with step t + AHEAD's row issued now.
+
+    B[t] and C[t] are read by every thread of the SM's programs in step t; without this the
+    state-steps of step t waited on their load (L2 latency: ncu at 262k x 512 put 60% of the
+    forward's stall samples on FFMAs waiting for these rows). A load issued AHEAD steps early
+    passes under AHEAD x dstate state-steps of the other work. Steps past the segment's end
+    read its last row again (the state-steps past the sequence's end take dt = 0, so whatever
+    finite row they read leaves the states as they are; past a segment's end, nothing reads)."""
+    row = ring[0]
+    rest = ()
+    for k in tl.static_range(1, AHEAD):
+        rest = rest + (ring[k],)
+    ahead = tl.minimum(t + AHEAD, t_end - 1) - t_start
+    rest = rest + (_state_row(X_SEG + ahead * stride_xl, n_valid, stride_xn, BLOCK_D, DSTATE, GROUP, PADDED),)
+    return row, rest
 
 
 @triton.jit
@@ -167,19 +204,20 @@ def _chunk_decays(a, dt_sum, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
 
 
 @triton.jit
-def _time_tile(X, base, t0, offs_t, stride_l, mask_d, seqlen):
-    """(BLOCK_D, T) float32 tile of steps t0 .. t0 + T - 1 (0 outside the sequence and channels)."""
+def _time_tile(X, base, t0, offs_t, stride_l, mask_d, t_limit):
+    """(BLOCK_D, T) tile of steps t0 .. t0 + T - 1 in X's dtype (0 from t_limit on, and outside
+    the channels). The kernels load a tile one loop iteration before its use, so that its HBM
+    latency passes under the previous tile's 8 x dstate state-steps, and convert it there."""
     t = t0 + offs_t
-    return tl.load(X + base[:, None] + t[None, :].to(tl.int64) * stride_l, mask=mask_d[:, None] & (t < seqlen)[None, :],
-                   other=0.0).to(tl.float32)
+    return tl.load(X + base[:, None] + t[None, :].to(tl.int64) * stride_l, mask=mask_d[:, None] & (t < t_limit)[None, :],
+                   other=0.0)
 
 
 @triton.jit
-def _step_sizes(DELTA, base, t0, offs_t, stride_l, mask_d, seqlen, bias, HAS_BIAS: tl.constexpr,
-                SOFTPLUS: tl.constexpr):
-    """dt = softplus(delta + delta_bias) over a (BLOCK_D, T) tile, 0 past the sequence end (a
-    bias would otherwise make softplus(0 + bias) > 0 there)."""
-    x = _time_tile(DELTA, base, t0, offs_t, stride_l, mask_d, seqlen)
+def _step_sizes(x, t0, offs_t, seqlen, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """dt = softplus(delta + delta_bias) over a (BLOCK_D, T) tile of delta (x), 0 past the sequence
+    end (a bias would otherwise make softplus(0 + bias) > 0 there)."""
+    x = x.to(tl.float32)
     if HAS_BIAS:
         x += bias[:, None]
     if SOFTPLUS:
@@ -226,7 +264,8 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
                       stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
                       stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
                       BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr,
-                      FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+                      FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                      ROWS_AHEAD: tl.constexpr):
     """Pass 1: each segment from a zero state; its final state S_k and decay P_k."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
     offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
@@ -235,17 +274,28 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
     u_base = off_b.to(tl.int64) * stride_ub + offs_d.to(tl.int64) * stride_ud
     d_base = off_b.to(tl.int64) * stride_db + offs_d.to(tl.int64) * stride_dd
     t_start = seg * seg_len
+    t_end = tl.minimum(t_start + seg_len, seqlen)
     # B's rows from the segment start (offsets within a segment stay small in 32 bits)
     b_seg = B + off_b.to(tl.int64) * stride_bb + t_start.to(tl.int64) * stride_bl
     h = _zero_states(BLOCK_D, DSTATE)
     dt_sum = tl.zeros([BLOCK_D], tl.float32)
-    for t0 in range(t_start, tl.minimum(t_start + seg_len, seqlen), 8):
-        dt = _step_sizes(DELTA, d_base, t0, offs_t, stride_dl, mask_d, seqlen, bias, HAS_BIAS, SOFTPLUS)
-        dtu = dt * _time_tile(U, u_base, t0, offs_t, stride_ul, mask_d, seqlen)
+    # Loads run ahead of their use: the next tile of delta and u one iteration ahead, B's rows
+    # ROWS_AHEAD steps ahead (see _rows_ahead).
+    nxt_delta = _time_tile(DELTA, d_base, t_start, offs_t, stride_dl, mask_d, t_end)
+    nxt_u = _time_tile(U, u_base, t_start, offs_t, stride_ul, mask_d, t_end)
+    b_ring = _first_rows(b_seg, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
+                         ROWS_AHEAD)
+    for t0 in range(t_start, t_end, 8):
+        cur_delta, cur_u = nxt_delta, nxt_u
+        nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
+        nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
+        dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
+        dtu = dt * cur_u.to(tl.float32)
         dt_sum += tl.sum(dt, 1)
         dts, dtus = _steps(dt), _steps(dtu)
         for j in tl.static_range(8):
-            b = _state_row(b_seg + (t0 - t_start + j) * stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED)
+            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D,
+                                    DSTATE, GROUP, PADDED, ROWS_AHEAD)
             h = _advance(h, a, dts[j], dtus[j], b, DSTATE, FAST_EXP)
     s_offs = off_b.to(tl.int64) * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd
     _store_states(S_LOC, s_offs, mask_d, h, 1, dstate, DSTATE)
@@ -259,7 +309,7 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
                     stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd, stride_hb, stride_hc,
                     stride_hd, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
                     PADDED: tl.constexpr, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr):
+                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, ROWS_AHEAD: tl.constexpr):
     """Pass 3: each segment from its true initial state H_k: out = (sum_n C h + u D) silu(z),
     rounded once to OUT's dtype; with SAVE_CHUNKS, each CHUNK-step chunk's initial state and
     decay for the backward (segments hold whole chunks: seg_len is a multiple of CHUNK)."""
@@ -285,24 +335,41 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
     b_seg = B + b64 * stride_bb + t_start.to(tl.int64) * stride_bl
     c_seg = C + b64 * stride_cb + t_start.to(tl.int64) * stride_cl
     dt_sum = tl.zeros([BLOCK_D], tl.float32)
+    # Loads run ahead of their use, as in _seq_local_kernel.
+    nxt_delta = _time_tile(DELTA, d_base, t_start, offs_t, stride_dl, mask_d, t_end)
+    nxt_u = _time_tile(U, u_base, t_start, offs_t, stride_ul, mask_d, t_end)
+    nxt_z = nxt_u  # no gate: never read
+    if HAS_Z:
+        nxt_z = _time_tile(Z, z_base, t_start, offs_t, stride_zl, mask_d, t_end)
+    b_ring = _first_rows(b_seg, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
+                         ROWS_AHEAD)
+    c_ring = _first_rows(c_seg, t_start, t_end, stride_cl, dstate, stride_cn, BLOCK_D, DSTATE, GROUP, PADDED,
+                         ROWS_AHEAD)
     for t0 in range(t_start, t_end, 8):
         if SAVE_CHUNKS:
             if t0 % CHUNK == 0:  # the state entering chunk t0 // CHUNK
                 _store_states(H_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d, h, 1, dstate, DSTATE)
-        dt = _step_sizes(DELTA, d_base, t0, offs_t, stride_dl, mask_d, seqlen, bias, HAS_BIAS, SOFTPLUS)
-        u = _time_tile(U, u_base, t0, offs_t, stride_ul, mask_d, seqlen)
+        cur_delta, cur_u, cur_z = nxt_delta, nxt_u, nxt_z
+        nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
+        nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
+        if HAS_Z:
+            nxt_z = _time_tile(Z, z_base, t0 + 8, offs_t, stride_zl, mask_d, t_end)
+        dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
+        u = cur_u.to(tl.float32)
         dts, dtus = _steps(dt), _steps(dt * u)
         ys = ()
         for j in tl.static_range(8):
-            b = _state_row(b_seg + (t0 - t_start + j) * stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED)
-            c = _state_row(c_seg + (t0 - t_start + j) * stride_cl, dstate, stride_cn, BLOCK_D, DSTATE, GROUP, PADDED)
+            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D,
+                                    DSTATE, GROUP, PADDED, ROWS_AHEAD)
+            c, c_ring = _rows_ahead(c_ring, c_seg, t0 + j, t_start, t_end, stride_cl, dstate, stride_cn, BLOCK_D,
+                                    DSTATE, GROUP, PADDED, ROWS_AHEAD)
             h, y = _advance_and_read(h, a, dts[j], dtus[j], b, c, DSTATE, FAST_EXP)
             ys = ys + (y,)
         y = _tile_of_steps(ys)
         if HAS_D:
             y += u * skip[:, None]
         if HAS_Z:
-            z = _time_tile(Z, z_base, t0, offs_t, stride_zl, mask_d, seqlen)
+            z = cur_z.to(tl.float32)
             y *= z * _sigmoid(z)
         t = t0 + offs_t
         tl.store(OUT + o_base[:, None] + t[None, :].to(tl.int64) * stride_ol, y.to(OUT.dtype.element_ty),
@@ -346,7 +413,8 @@ def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: t
         segments = max(1, cdiv(PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else 0), rows))
         chunks_per_seg = cdiv(n_chunks, segments)
     padded = cdiv(dstate, group) * group
-    return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate, num_warps=warps,
+    return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate, ROWS_AHEAD=ROWS_AHEAD,
+                num_warps=warps,
                 seg_len=chunks_per_seg * chunk, n_seg=cdiv(n_chunks, chunks_per_seg))
 
 
@@ -401,5 +469,5 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     _seq_out_kernel[grid](u, delta, bias, A, B32, C32, u if D is None else D, gate, h_seg, out, h_chunk, p_chunk,
                           *common, *_strides3(C32), *_strides3(gate), *_strides3(out), *s_strides,
                           *_strides3(h_chunk), CHUNK=chunk, FAST_EXP=fast_exp, SAVE_CHUNKS=save_chunks, **flags,
-                          **cfg)
+                          **cfg, **({} if OUT_MAXNREG is None or interpreted else dict(maxnreg=OUT_MAXNREG)))
     return (out, h_chunk, p_chunk) if save_chunks else (out, None, None)
