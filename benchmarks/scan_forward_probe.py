@@ -13,7 +13,7 @@ count (forward.PROGRAMS_PER_SM). `--ncu`: one sequential forward and one backwar
 between cudaProfilerStart/Stop, for Nsight Compute's pipe utilisation and each kernel's time.
 
 `--variants`: the forward alone (with and without the chunk states) under each setting of
-forward.ROWS_AHEAD and forward.OUT_MAXNREG, in one process (twenty-second session: B's and C's
+forward.ROWS_AHEAD, forward.OUT_MAXNREG and forward.PAD_ROWS, in one process (twenty-second session: B's and C's
 rows and the next tile loaded ahead of their use).
 
     python benchmarks/scan_forward_probe.py --out X.json [--ncu | --variants]
@@ -77,8 +77,9 @@ def _variants(copy: float) -> list[dict]:
                       softplus=True)
         reference = None
         fwd_bytes = 2 * (4 * n * d_inner + 2 * n * 16)
-        for ahead, maxnreg in ((1, None), (2, None), (1, 128), (4, None)):
-            forward.ROWS_AHEAD, forward.OUT_MAXNREG = ahead, maxnreg
+        for ahead, maxnreg, pad in ((1, None, True), (2, None, True), (4, None, True), (1, None, False),
+                                    (2, None, False), (1, 128, False)):
+            forward.ROWS_AHEAD, forward.OUT_MAXNREG, forward.PAD_ROWS = ahead, maxnreg, pad
             out = forward.scan_forward(u, delta, A, B, C, **extras)[0].float()
             if reference is None:
                 reference = out
@@ -86,11 +87,12 @@ def _variants(copy: float) -> list[dict]:
             ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras), device)
             inf_ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras, save_chunks=False), device)
             row = dict(channels_first=channels_first, d_inner=d_inner, seqlen=n, rows_ahead=ahead, out_maxnreg=maxnreg,
+                       pad_rows=pad,
                        fwd_ms=ms, fwd_inference_ms=inf_ms, fwd_of_copy=fwd_bytes / (ms * 1e-3) / 1e9 / copy,
                        fwd_inference_of_copy=fwd_bytes / (inf_ms * 1e-3) / 1e9 / copy, rel_diff_vs_first=diff)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
             rows.append(row)
-        forward.ROWS_AHEAD, forward.OUT_MAXNREG = 1, None
+        forward.ROWS_AHEAD, forward.OUT_MAXNREG, forward.PAD_ROWS = 1, None, True
     return rows
 
 

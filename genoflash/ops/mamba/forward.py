@@ -61,6 +61,10 @@ CHUNKS_PER_SEGMENT: int | None = None
 PROGRAMS_PER_SM = 8
 # Steps ahead of their use at which B's and C's rows are loaded (_rows_ahead); 1 or more.
 ROWS_AHEAD = 1
+# B and C go to the kernels as float32 rows of DSTATE states (zero past dstate), with zero rows
+# past the sequence for the ring (_rows_ahead) to read; False: B and C as they are (float32,
+# states adjacent), the ring clamped to the sequence (a probe's comparison).
+PAD_ROWS = True
 # A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice), a probe's knob: at 152
 # registers 3 of its 4-warp programs fit an SM, at 128 four.
 OUT_MAXNREG: int | None = None
@@ -114,8 +118,9 @@ def _state_row(X, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexp
     (0 past n_valid where the states are PADDED to GROUP): GROUP states per broadcast load
     (every lane of a warp reads the same bytes: one transaction), split into single states in
     registers. X is float32 (the launcher converts B and C once: a 16-bit row costs one unpacking
-    instruction per state and step, in both passes). X must be a row of the sequence: callers
-    clamp steps past its end to its last row (an unmasked load needs no zeroing instructions)."""
+    instruction per state and step, in both passes). X must be a row in bounds: _rows_ahead
+    clamps steps past the sequence or pads the buffer (an unmasked load needs no zeroing
+    instructions)."""
     row = ()
     offs_g = tl.arange(0, GROUP)
     for g in tl.static_range(DSTATE // GROUP):
@@ -139,31 +144,38 @@ def _state_row(X, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexp
 
 @triton.jit
 def _first_rows(X_SEG, t_start, t_end, stride_xl, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr,
-                GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr):
+                GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr, CLAMP: tl.constexpr):
     """The rows of a segment's first AHEAD steps (B's or C's): _rows_ahead's ring at the start."""
     ring = ()
     for k in tl.static_range(AHEAD):
-        row = tl.minimum(t_start + k, t_end - 1) - t_start
+        row = k
+        if CLAMP:
+            row = tl.minimum(t_start + k, t_end - 1) - t_start
         ring = ring + (_state_row(X_SEG + row * stride_xl, n_valid, stride_xn, BLOCK_D, DSTATE, GROUP, PADDED),)
     return ring
 
 
 @triton.jit
 def _rows_ahead(ring, X_SEG, t, t_start, t_end, stride_xl, n_valid, stride_xn, BLOCK_D: tl.constexpr,
-                DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr):
+                DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr,
+                CLAMP: tl.constexpr):
     """Step t's row, loaded AHEAD steps ago, and the ring with step t + AHEAD's row issued now.
 
     B[t] and C[t] are read by every thread of the SM's programs in step t; without this the
     state-steps of step t waited on their load (L2 latency: ncu at 262k x 512 put 60% of the
     forward's stall samples on FFMAs waiting for these rows). A load issued AHEAD steps early
-    passes under AHEAD x dstate state-steps of the other work. Steps past the segment's end
-    read its last row again (the state-steps past the sequence's end take dt = 0, so whatever
-    finite row they read leaves the states as they are; past a segment's end, nothing reads)."""
+    passes under AHEAD x dstate state-steps of the other work. Past the segment's end the ring
+    reads rows nobody uses, and the state-steps past the sequence's end take dt = 0 (any finite
+    row leaves the states as they are): with CLAMP those steps read the segment's last row
+    again, without it the launcher's row buffer has zero rows past the sequence for them
+    (pad_rows: no bounds arithmetic per step, and constant row offsets)."""
     row = ring[0]
     rest = ()
     for k in tl.static_range(1, AHEAD):
         rest = rest + (ring[k],)
-    ahead = tl.minimum(t + AHEAD, t_end - 1) - t_start
+    ahead = t + AHEAD - t_start
+    if CLAMP:
+        ahead = tl.minimum(t + AHEAD, t_end - 1) - t_start
     rest = rest + (_state_row(X_SEG + ahead * stride_xl, n_valid, stride_xn, BLOCK_D, DSTATE, GROUP, PADDED),)
     return row, rest
 
@@ -265,7 +277,7 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
                       stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
                       BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr,
                       FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                      ROWS_AHEAD: tl.constexpr):
+                      ROWS_AHEAD: tl.constexpr, PAD_ROWS: tl.constexpr):
     """Pass 1: each segment from a zero state; its final state S_k and decay P_k."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
     offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
@@ -283,8 +295,11 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
     # ROWS_AHEAD steps ahead (see _rows_ahead).
     nxt_delta = _time_tile(DELTA, d_base, t_start, offs_t, stride_dl, mask_d, t_end)
     nxt_u = _time_tile(U, u_base, t_start, offs_t, stride_ul, mask_d, t_end)
-    b_ring = _first_rows(b_seg, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
-                         ROWS_AHEAD)
+    row_b = stride_bl
+    if PAD_ROWS:  # a constant: the row loads take immediate offsets
+        row_b = DSTATE
+    b_ring = _first_rows(b_seg, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
+                         ROWS_AHEAD, not PAD_ROWS)
     for t0 in range(t_start, t_end, 8):
         cur_delta, cur_u = nxt_delta, nxt_u
         nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
@@ -294,8 +309,8 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
         dt_sum += tl.sum(dt, 1)
         dts, dtus = _steps(dt), _steps(dtu)
         for j in tl.static_range(8):
-            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D,
-                                    DSTATE, GROUP, PADDED, ROWS_AHEAD)
+            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D,
+                                    DSTATE, GROUP, PADDED, ROWS_AHEAD, not PAD_ROWS)
             h = _advance(h, a, dts[j], dtus[j], b, DSTATE, FAST_EXP)
     s_offs = off_b.to(tl.int64) * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd
     _store_states(S_LOC, s_offs, mask_d, h, 1, dstate, DSTATE)
@@ -309,7 +324,8 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
                     stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd, stride_hb, stride_hc,
                     stride_hd, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
                     PADDED: tl.constexpr, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, ROWS_AHEAD: tl.constexpr):
+                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, ROWS_AHEAD: tl.constexpr,
+                    PAD_ROWS: tl.constexpr):
     """Pass 3: each segment from its true initial state H_k: out = (sum_n C h + u D) silu(z),
     rounded once to OUT's dtype; with SAVE_CHUNKS, each CHUNK-step chunk's initial state and
     decay for the backward (segments hold whole chunks: seg_len is a multiple of CHUNK)."""
@@ -341,10 +357,13 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
     nxt_z = nxt_u  # no gate: never read
     if HAS_Z:
         nxt_z = _time_tile(Z, z_base, t_start, offs_t, stride_zl, mask_d, t_end)
-    b_ring = _first_rows(b_seg, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
-                         ROWS_AHEAD)
-    c_ring = _first_rows(c_seg, t_start, t_end, stride_cl, dstate, stride_cn, BLOCK_D, DSTATE, GROUP, PADDED,
-                         ROWS_AHEAD)
+    row_b, row_c = stride_bl, stride_cl
+    if PAD_ROWS:
+        row_b, row_c = DSTATE, DSTATE
+    b_ring = _first_rows(b_seg, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
+                         ROWS_AHEAD, not PAD_ROWS)
+    c_ring = _first_rows(c_seg, t_start, t_end, row_c, dstate, stride_cn, BLOCK_D, DSTATE, GROUP, PADDED,
+                         ROWS_AHEAD, not PAD_ROWS)
     for t0 in range(t_start, t_end, 8):
         if SAVE_CHUNKS:
             if t0 % CHUNK == 0:  # the state entering chunk t0 // CHUNK
@@ -359,10 +378,10 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
         dts, dtus = _steps(dt), _steps(dt * u)
         ys = ()
         for j in tl.static_range(8):
-            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, stride_bl, dstate, stride_bn, BLOCK_D,
-                                    DSTATE, GROUP, PADDED, ROWS_AHEAD)
-            c, c_ring = _rows_ahead(c_ring, c_seg, t0 + j, t_start, t_end, stride_cl, dstate, stride_cn, BLOCK_D,
-                                    DSTATE, GROUP, PADDED, ROWS_AHEAD)
+            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D,
+                                    DSTATE, GROUP, PADDED, ROWS_AHEAD, not PAD_ROWS)
+            c, c_ring = _rows_ahead(c_ring, c_seg, t0 + j, t_start, t_end, row_c, dstate, stride_cn, BLOCK_D,
+                                    DSTATE, GROUP, PADDED, ROWS_AHEAD, not PAD_ROWS)
             h, y = _advance_and_read(h, a, dts[j], dtus[j], b, c, DSTATE, FAST_EXP)
             ys = ys + (y,)
         y = _tile_of_steps(ys)
@@ -413,14 +432,19 @@ def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: t
         segments = max(1, cdiv(PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else 0), rows))
         chunks_per_seg = cdiv(n_chunks, segments)
     padded = cdiv(dstate, group) * group
-    return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate, ROWS_AHEAD=ROWS_AHEAD,
-                num_warps=warps,
+    return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate and not PAD_ROWS,
+                ROWS_AHEAD=ROWS_AHEAD, PAD_ROWS=PAD_ROWS, num_warps=warps,
                 seg_len=chunks_per_seg * chunk, n_seg=cdiv(n_chunks, chunks_per_seg))
 
 
-def _float_rows(x: torch.Tensor) -> torch.Tensor:
+def _float_rows(x: torch.Tensor, rows: int, width: int, pad: bool) -> torch.Tensor:
     """B or C, (batch, seqlen, dstate), as float32 with each step's states adjacent: what
-    _state_row loads. A copy of dstate values per step, small beside the dim-wide u, delta, z."""
+    _state_row loads. A copy of dstate values per step, small beside the dim-wide u, delta, z.
+    With pad: (batch, rows, width), zero past the sequence and the states."""
+    if pad:
+        out = x.new_zeros(x.shape[0], rows, width, dtype=torch.float32)
+        out[:, :x.shape[1], :x.shape[2]] = x
+        return out
     if x.dtype == torch.float32 and x.stride(2) == 1:
         return x
     return x.float().contiguous()
@@ -443,7 +467,10 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     flags = _flags(D, z, delta_bias, softplus)
     bias = u if delta_bias is None else delta_bias  # placeholder pointers where not given
     fast_exp = not interpreted
-    B32 = _float_rows(B)
+    pad_rows = cfg["PAD_ROWS"]
+    # every row the ring reads: the last segment's whole tiles and ROWS_AHEAD steps past them
+    rows = n_seg * seg_len + cfg["ROWS_AHEAD"]
+    B32 = _float_rows(B, rows, cfg["DSTATE"], pad_rows)
     common = (seqlen, seg_len, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1),
               *_strides3(B32))
     s_loc, s_decay, h_seg = (torch.empty(batch, n_seg, dim, dstate, device=u.device, dtype=torch.float32)
@@ -465,7 +492,7 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     else:
         h_chunk = p_chunk = h_seg  # placeholders, never written
     gate = u if z is None else z
-    C32 = _float_rows(C)
+    C32 = _float_rows(C, rows, cfg["DSTATE"], pad_rows)
     _seq_out_kernel[grid](u, delta, bias, A, B32, C32, u if D is None else D, gate, h_seg, out, h_chunk, p_chunk,
                           *common, *_strides3(C32), *_strides3(gate), *_strides3(out), *s_strides,
                           *_strides3(h_chunk), CHUNK=chunk, FAST_EXP=fast_exp, SAVE_CHUNKS=save_chunks, **flags,
