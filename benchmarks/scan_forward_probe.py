@@ -12,9 +12,9 @@ states, the chunked forward, the backward) over N and d_inner, both layouts, and
 count (forward.PROGRAMS_PER_SM). `--ncu`: one sequential forward and one backward at 262k x 512
 between cudaProfilerStart/Stop, for Nsight Compute's pipe utilisation and each kernel's time.
 
-`--variants`: the forward alone (with and without the chunk states) under each setting of
-forward.ROWS_AHEAD, forward.OUT_MAXNREG and forward.PAD_ROWS, in one process (twenty-second session: B's and C's
-rows and the next tile loaded ahead of their use).
+`--variants`: the forward alone (with and without the chunk states), channels-first, under
+settings of forward.ROWS_AHEAD, OUT_MAXNREG, PAD_ROWS and PREFETCH_ROWS, in one process
+(twenty-second session: B's and C's rows and the next tile loaded ahead of their use).
 
     python benchmarks/scan_forward_probe.py --out X.json [--ncu | --variants]
 """
@@ -56,13 +56,18 @@ def _ncu_once() -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def _variants(copy: float) -> list[dict]:
-    """forward.scan_forward alone per (ROWS_AHEAD, OUT_MAXNREG), bf16, dstate 16, with the Mamba
-    block's extras; GB/s over the bytes the forward must move (as scan_bandwidth counts them)."""
+def _variants(copy: float, path: str) -> list[dict]:
+    """forward.scan_forward alone per setting, bf16, dstate 16, with the Mamba
+    block's extras; GB/s over the bytes the forward must move (as scan_bandwidth counts them).
+    The chunked forward (scan_channels_first.py) is timed once per shape beside them. Saved
+    after every row."""
     device = torch.device("cuda")
     rows = []
-    for channels_first, d_inner, n in ((True, 512, 262144), (True, 512, 1048576), (True, 2048, 262144),
-                                       (False, 512, 262144)):
+    shapes = ((True, 512, 262144), (True, 512, 1048576), (True, 2048, 262144))
+    settings = ((1, None, True, True), (1, 128, True, True), (1, None, True, False), (2, 128, True, True))
+    keys = ("ROWS_AHEAD", "OUT_MAXNREG", "PAD_ROWS", "PREFETCH_ROWS")
+    defaults = tuple(getattr(forward, k) for k in keys)
+    for channels_first, d_inner, n in shapes:
         gen = torch.Generator(device=device).manual_seed(0)
         shape = (1, d_inner, n) if channels_first else (1, n, d_inner)
 
@@ -77,9 +82,14 @@ def _variants(copy: float) -> list[dict]:
                       softplus=True)
         reference = None
         fwd_bytes = 2 * (4 * n * d_inner + 2 * n * 16)
-        for ahead, maxnreg, pad in ((1, None, True), (2, None, True), (4, None, True), (1, None, False),
-                                    (2, None, False), (1, 128, False)):
-            forward.ROWS_AHEAD, forward.OUT_MAXNREG, forward.PAD_ROWS = ahead, maxnreg, pad
+        chunked_ms = _time(lambda: scan_channels_first.scan_forward(u, delta, A, B, C, **extras), device)
+        rows.append(dict(channels_first=channels_first, d_inner=d_inner, seqlen=n, forward="chunked",
+                         fwd_ms=chunked_ms, fwd_of_copy=fwd_bytes / (chunked_ms * 1e-3) / 1e9 / copy))
+        print(json.dumps(rows[-1]), flush=True)
+        for setting in settings:
+            for k, v in zip(keys, setting):
+                setattr(forward, k, v)
+            ahead, maxnreg, pad, prefetch = setting
             out = forward.scan_forward(u, delta, A, B, C, **extras)[0].float()
             if reference is None:
                 reference = out
@@ -87,12 +97,14 @@ def _variants(copy: float) -> list[dict]:
             ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras), device)
             inf_ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras, save_chunks=False), device)
             row = dict(channels_first=channels_first, d_inner=d_inner, seqlen=n, rows_ahead=ahead, out_maxnreg=maxnreg,
-                       pad_rows=pad,
+                       pad_rows=pad, prefetch_rows=prefetch,
                        fwd_ms=ms, fwd_inference_ms=inf_ms, fwd_of_copy=fwd_bytes / (ms * 1e-3) / 1e9 / copy,
                        fwd_inference_of_copy=fwd_bytes / (inf_ms * 1e-3) / 1e9 / copy, rel_diff_vs_first=diff)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
             rows.append(row)
-        forward.ROWS_AHEAD, forward.OUT_MAXNREG, forward.PAD_ROWS = 1, None, True
+            _save(path, copy, rows)
+        for k, v in zip(keys, defaults):
+            setattr(forward, k, v)
     return rows
 
 
@@ -109,8 +121,7 @@ def main() -> None:
     copy = copy_bandwidth_gbps(device)
     rows = []
     if args.variants:
-        rows = _variants(copy)
-        _save(args.out, copy, rows)
+        _variants(copy, args.out)
         return
 
     def point(**kw):

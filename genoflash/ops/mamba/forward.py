@@ -65,6 +65,9 @@ ROWS_AHEAD = 1
 # past the sequence for the ring (_rows_ahead) to read; False: B and C as they are (float32,
 # states adjacent), the ring clamped to the sequence (a probe's comparison).
 PAD_ROWS = True
+# Each tile asks L1 for the next tile's rows of B and C (_prefetch_rows; needs PAD_ROWS: the
+# rows past the last segment exist). Off in the interpreter (inline PTX).
+PREFETCH_ROWS = True
 # A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice), a probe's knob: at 152
 # registers 3 of its 4-warp programs fit an SM, at 128 four.
 OUT_MAXNREG: int | None = None
@@ -200,10 +203,46 @@ def _zero_states(BLOCK_D: tl.constexpr, DSTATE: tl.constexpr):
 
 
 @triton.jit
-def _store_states(X, d_ptr_offs, d_mask, h, stride_n, n_valid, DSTATE: tl.constexpr):
-    """_channel_states' inverse: the first n_valid states of the tuple h."""
-    for n in tl.static_range(DSTATE):
-        tl.store(X + d_ptr_offs + n * stride_n, h[n], mask=d_mask & (n < n_valid))
+def _store_states(X, d_ptr_offs, d_mask, h, n_valid, DSTATE: tl.constexpr, GROUP: tl.constexpr,
+                  EXACT: tl.constexpr):
+    """_channel_states' inverse: the first n_valid states of the tuple h, to a (.., dim, dstate)
+    array whose states are adjacent. GROUP states at a time are joined into a (BLOCK_D, GROUP)
+    tile held inside each thread (as _state_row's loads are), so each thread writes its
+    channel's GROUP states as one 16-byte vector: a warp instruction fills half of each of its
+    32 sectors, where a store per state wrote 4 bytes into each (ncu, twenty-second session: the
+    chunk states then cost the forward ~1 ms of 3.5 at 262k x 512). A wider tile would be
+    re-laid out through shared memory for the store, behind barriers. EXACT (no padding
+    states) drops the mask over the states, which would keep the store from being vectorised."""
+    BLOCK_D: tl.constexpr = h[0].shape[0]
+    offs_g = tl.arange(0, GROUP)
+    for g in tl.static_range(DSTATE // GROUP):
+        if GROUP == 1:
+            tile = tl.reshape(h[g], (BLOCK_D, 1))
+        elif GROUP == 2:
+            tile = tl.join(h[2 * g], h[2 * g + 1])
+        else:  # GROUP == 4: the (BLOCK_D, 2, 2) axes read as the state's two bits, high first
+            tile = tl.reshape(tl.join(tl.join(h[4 * g], h[4 * g + 2]), tl.join(h[4 * g + 1], h[4 * g + 3])),
+                              (BLOCK_D, 4))
+        n = g * GROUP + offs_g
+        ptrs = X + d_ptr_offs[:, None] + n[None, :]
+        if EXACT:
+            tl.store(ptrs, tile, mask=d_mask[:, None])
+        else:
+            tl.store(ptrs, tile, mask=d_mask[:, None] & (n < n_valid)[None, :])
+
+
+@triton.jit
+def _prefetch_rows(X_ROW, row_stride, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr):
+    """Ask L1 for ROWS rows of B or C from X_ROW on (prefetch.global.L1: no register waits on
+    it). B[t] and C[t] are read by every warp of a program in step t, at nearly the same time:
+    without this, the first load of a line missed L1 and every warp waited for L2 (ncu,
+    twenty-second session: long-scoreboard stalls on those rows were most of pass 3's stall
+    samples even with the rows loaded a step ahead). One tile ahead is microseconds of lead."""
+    if PREFETCH:
+        for j in tl.static_range(ROWS):
+            ptrs = X_ROW + j * row_stride + tl.zeros([BLOCK_D], tl.int32)
+            tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
 
 
 @triton.jit
@@ -277,7 +316,8 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
                       stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
                       BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr,
                       FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                      ROWS_AHEAD: tl.constexpr, PAD_ROWS: tl.constexpr):
+                      ROWS_AHEAD: tl.constexpr, PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
+                      EXACT: tl.constexpr):
     """Pass 1: each segment from a zero state; its final state S_k and decay P_k."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
     offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
@@ -304,6 +344,7 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
         cur_delta, cur_u = nxt_delta, nxt_u
         nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
         nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
+        _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         dtu = dt * cur_u.to(tl.float32)
         dt_sum += tl.sum(dt, 1)
@@ -313,8 +354,8 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
                                     DSTATE, GROUP, PADDED, ROWS_AHEAD, not PAD_ROWS)
             h = _advance(h, a, dts[j], dtus[j], b, DSTATE, FAST_EXP)
     s_offs = off_b.to(tl.int64) * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd
-    _store_states(S_LOC, s_offs, mask_d, h, 1, dstate, DSTATE)
-    _store_states(P, s_offs, mask_d, _chunk_decays(a, dt_sum, DSTATE, FAST_EXP), 1, dstate, DSTATE)
+    _store_states(S_LOC, s_offs, mask_d, h, dstate, DSTATE, GROUP, EXACT)
+    _store_states(P, s_offs, mask_d, _chunk_decays(a, dt_sum, DSTATE, FAST_EXP), dstate, DSTATE, GROUP, EXACT)
 
 
 @triton.jit
@@ -325,7 +366,7 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
                     stride_hd, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
                     PADDED: tl.constexpr, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, ROWS_AHEAD: tl.constexpr,
-                    PAD_ROWS: tl.constexpr):
+                    PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr):
     """Pass 3: each segment from its true initial state H_k: out = (sum_n C h + u D) silu(z),
     rounded once to OUT's dtype; with SAVE_CHUNKS, each CHUNK-step chunk's initial state and
     decay for the backward (segments hold whole chunks: seg_len is a multiple of CHUNK)."""
@@ -367,12 +408,15 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
     for t0 in range(t_start, t_end, 8):
         if SAVE_CHUNKS:
             if t0 % CHUNK == 0:  # the state entering chunk t0 // CHUNK
-                _store_states(H_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d, h, 1, dstate, DSTATE)
+                _store_states(H_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d, h, dstate, DSTATE,
+                              GROUP, EXACT)
         cur_delta, cur_u, cur_z = nxt_delta, nxt_u, nxt_z
         nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
         nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
         if HAS_Z:
             nxt_z = _time_tile(Z, z_base, t0 + 8, offs_t, stride_zl, mask_d, t_end)
+        _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
+        _prefetch_rows(c_seg + (t0 + 8 - t_start) * row_c, row_c, BLOCK_D, 8, PREFETCH)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         u = cur_u.to(tl.float32)
         dts, dtus = _steps(dt), _steps(dt * u)
@@ -397,7 +441,7 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
             dt_sum += tl.sum(dt, 1)
             if ((t0 + 8) % CHUNK == 0) | (t0 + 8 >= t_end):  # the chunk's last tile: its decay
                 _store_states(P_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d,
-                              _chunk_decays(a, dt_sum, DSTATE, FAST_EXP), 1, dstate, DSTATE)
+                              _chunk_decays(a, dt_sum, DSTATE, FAST_EXP), dstate, DSTATE, GROUP, EXACT)
                 dt_sum = tl.zeros([BLOCK_D], tl.float32)
 
 
@@ -433,7 +477,8 @@ def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: t
         chunks_per_seg = cdiv(n_chunks, segments)
     padded = cdiv(dstate, group) * group
     return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate and not PAD_ROWS,
-                ROWS_AHEAD=ROWS_AHEAD, PAD_ROWS=PAD_ROWS, num_warps=warps,
+                ROWS_AHEAD=ROWS_AHEAD, PAD_ROWS=PAD_ROWS, PREFETCH=PREFETCH_ROWS and PAD_ROWS and not interpreted,
+                EXACT=padded == dstate, num_warps=warps,
                 seg_len=chunks_per_seg * chunk, n_seg=cdiv(n_chunks, chunks_per_seg))
 
 
@@ -468,8 +513,9 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     bias = u if delta_bias is None else delta_bias  # placeholder pointers where not given
     fast_exp = not interpreted
     pad_rows = cfg["PAD_ROWS"]
-    # every row the ring reads: the last segment's whole tiles and ROWS_AHEAD steps past them
-    rows = n_seg * seg_len + cfg["ROWS_AHEAD"]
+    # every row the ring reads or L1 is asked for: the last segment's whole tiles, and
+    # ROWS_AHEAD steps or a tile past them
+    rows = n_seg * seg_len + max(cfg["ROWS_AHEAD"], 2 * T)
     B32 = _float_rows(B, rows, cfg["DSTATE"], pad_rows)
     common = (seqlen, seg_len, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1),
               *_strides3(B32))
