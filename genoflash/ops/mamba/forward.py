@@ -59,8 +59,10 @@ CHUNKS_PER_SEGMENT: int | None = None
 # Programs per SM the sequence is cut into (with `config`'s 4 warps); a probe's knob
 # (benchmarks/scan_forward_probe.py sweeps it).
 PROGRAMS_PER_SM = 8
-# Steps ahead of their use at which B's and C's rows are loaded (_rows_ahead); 1 or more.
-ROWS_AHEAD = 1
+# Steps ahead of their use at which B's and C's rows are loaded (_rows_ahead); 1 or more. 2
+# with OUT_MAXNREG 128 was the fastest of the settings timed (results/h200-2026-12-02-scan-
+# forward-variants-7bf96ce.json): 1M x 512 forward 9.40 ms, against 10.27 at 1 without the cap.
+ROWS_AHEAD = 2
 # B and C go to the kernels as float32 rows of DSTATE states (zero past dstate), with zero rows
 # past the sequence for the ring (_rows_ahead) to read; False: B and C as they are (float32,
 # states adjacent), the ring clamped to the sequence (a probe's comparison).
@@ -68,9 +70,10 @@ PAD_ROWS = True
 # Each tile asks L1 for the next tile's rows of B and C (_prefetch_rows; needs PAD_ROWS: the
 # rows past the last segment exist). Off in the interpreter (inline PTX).
 PREFETCH_ROWS = True
-# A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice), a probe's knob: at 152
-# registers 3 of its 4-warp programs fit an SM, at 128 four.
-OUT_MAXNREG: int | None = None
+# A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice): uncapped it takes ~140
+# registers and 3 of its 4-warp programs fit an SM; at 128 four do, with a few spills outside
+# the hot loop (offline sm_90 compile) and 4-8% less time (the probe above).
+OUT_MAXNREG: int | None = 128
 
 
 def use_sequential_forward(enabled: bool):
