@@ -284,7 +284,10 @@ def _advance(h, a, dt, dtu, b, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
     """One step of every state: h <- exp(dt A) h + dt u B."""
     out = ()
     for n in tl.static_range(DSTATE):
-        out = out + (_decay(dt, a[n], FAST_EXP) * h[n] + dtu * b[n],)
+        # fma written out: decay h + (dt u) B has two products, and which one the compiler
+        # fuses may differ between builds of a kernel (the output with and without the chunk
+        # states must be the same bits)
+        out = out + (tl.fma(_decay(dt, a[n], FAST_EXP), h[n], dtu * b[n]),)
     return out
 
 
@@ -294,8 +297,8 @@ def _advance_and_read(h, a, dt, dtu, b, c, DSTATE: tl.constexpr, FAST_EXP: tl.co
     out = ()
     y = tl.zeros_like(dt)
     for n in tl.static_range(DSTATE):
-        hn = _decay(dt, a[n], FAST_EXP) * h[n] + dtu * b[n]
-        y += c[n] * hn
+        hn = tl.fma(_decay(dt, a[n], FAST_EXP), h[n], dtu * b[n])  # as in _advance
+        y = tl.fma(c[n], hn, y)
         out = out + (hn,)
     return out, y
 
