@@ -28,9 +28,18 @@ of threads):
   3. each segment from H_k: out = (y + u D) silu(z) in out's dtype, and, when a backward will
      run, the state entering every CHUNK-step chunk and the chunk's decay, which the backward
      kernels (scan.py, scan_channels_first.py) take as their chunk states.
-Pass 1's decays are computed again in pass 3: two MUFU.EX2 per state and step, at 16 per clock
-and SM the bound of this forward (4.1 ms at a million tokens, 512 channels, 16 states on the
-H200; its inputs and output take 1.0 ms to move at 4.2 TB/s).
+Pass 1's decays are computed again in pass 3: two MUFU.EX2 per state and step (16 per clock and
+SM: 4.1 ms at a million tokens, 512 channels, 16 states on the H200, whose inputs and output
+take 1.0 ms to move at 4.2 TB/s). Issue is the same bound: the hot loops take 6.1 (pass 1) and
+9.4 (pass 3) sm_90 instructions per state and step, ~4.0 ms at that size if every scheduler
+issued every cycle.
+
+What the H200 measured (benchmarks/NOTES.md, twenty-second session): at first 17 ms at that
+size, no faster than the chunked forward, with ncu putting 78% of pass 3's stall samples on
+loads (B and C per step, u, delta and z per tile). Hence the loads ahead of their use below:
+the tiles one loop iteration early, B's and C's rows ROWS_AHEAD steps early from a zero-padded
+float32 copy (PAD_ROWS), and the next tile's rows requested into L1 (PREFETCH_ROWS); then
+9.4 ms (16.2 for the chunked forward in the same process).
 
 Steps past the sequence end get dt = 0 and u = 0: decay 1, nothing added, the state unchanged.
 """
