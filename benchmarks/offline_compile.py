@@ -8,7 +8,7 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
 
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mamba (the
 selective scan; --channels-first: its state-loop kernels) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
-with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS; --no-tma keeps pointer loads where TMA
+with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS (and its PTX beside it); --no-tma keeps pointer loads where TMA
 descriptors would apply; --fused compiles the triton one-pass backward (--fused-dkdv
 forces its tiles); --sm90-backward the Gluon one (backward_sm90.py; its compute warps run at 240
 registers, so ptxas's count is the launch's, and a spill is what to look for); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
@@ -124,6 +124,8 @@ def dump_sass(kernel, path: str) -> dict:
     nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
+    with open(os.path.splitext(path)[0] + ".ptx", "w") as out:  # what LLVM emitted, before ptxas
+        out.write(kernel.asm["ptx"])
     sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
     with open(path, "w") as out:
         out.write(sass)

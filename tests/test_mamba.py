@@ -84,7 +84,9 @@ def test_sequential_forward_chunk_states(chunks_per_segment, rows_ahead, layout,
     equal the chunked forward's, and so does its output, with segments of one chunk and of three
     (chunk boundaries inside a segment; the last segment partial, ending mid-tile), and B's and
     C's rows loaded one step or three ahead (the ring reaching past segment and sequence ends).
-    Without save_chunks it returns the same output and no states."""
+    Without save_chunks it returns the same output, to float32 rounding (a separate build of
+    the kernel, which may fuse the other product of the state update into an FMA: seen on the
+    GPU; forward.py's _advance says why that is left to the compiler), and no states."""
     monkeypatch.setattr(forward, "CHUNKS_PER_SEGMENT", chunks_per_segment)
     monkeypatch.setattr(forward, "ROWS_AHEAD", rows_ahead)
     torch.manual_seed(23 + chunks_per_segment)
@@ -109,7 +111,8 @@ def test_sequential_forward_chunk_states(chunks_per_segment, rows_ahead, layout,
     torch.testing.assert_close(p, ref_p, rtol=1e-5, atol=1e-6)
     assert h[:, 1:].abs().amax() > 0.1 and (p < 0.99).any()  # states that carry something
     again, none_h, none_p = forward.scan_forward(*args, **kw, save_chunks=False)
-    assert none_h is None and none_p is None and torch.equal(again, out)
+    assert none_h is None and none_p is None
+    torch.testing.assert_close(again, out, rtol=1e-5, atol=1e-6)
 
 
 def test_sequential_forward_rule_can_fail(device, monkeypatch):

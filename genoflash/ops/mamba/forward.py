@@ -80,8 +80,8 @@ PAD_ROWS = True
 # rows past the last segment exist). Off in the interpreter (inline PTX).
 PREFETCH_ROWS = True
 # A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice): uncapped it takes ~140
-# registers and 3 of its 4-warp programs fit an SM; at 128 four do, with a few spills outside
-# the hot loop (offline sm_90 compile) and 4-8% less time (the probe above).
+# registers and 3 of its 4-warp programs fit an SM; at 128 four do, with 24 spilled registers
+# outside the hot loop (offline sm_90, ROWS_AHEAD 2) and 4-9% less time (the probe above).
 OUT_MAXNREG: int | None = 128
 
 
@@ -293,10 +293,13 @@ def _advance(h, a, dt, dtu, b, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
     """One step of every state: h <- exp(dt A) h + dt u B."""
     out = ()
     for n in tl.static_range(DSTATE):
-        # fma written out: decay h + (dt u) B has two products, and which one the compiler
-        # fuses may differ between builds of a kernel (the output with and without the chunk
-        # states must be the same bits)
-        out = out + (tl.fma(_decay(dt, a[n], FAST_EXP), h[n], dtu * b[n]),)
+        # Two products: the compiler fuses one of them into an FFMA, and two builds of a kernel
+        # need not fuse the same one (seen on the GPU: pass 3 with and without the chunk states
+        # differed by float32 rounding). Writing the fma out (tl.fma) fixes the choice but
+        # changed ptxas's allocation under OUT_MAXNREG: 24 -> 116-144 spilled registers, with
+        # spills inside the hot loop (offline sm_90, twenty-second session), so it is left to
+        # the compiler.
+        out = out + (_decay(dt, a[n], FAST_EXP) * h[n] + dtu * b[n],)
     return out
 
 
@@ -306,8 +309,8 @@ def _advance_and_read(h, a, dt, dtu, b, c, DSTATE: tl.constexpr, FAST_EXP: tl.co
     out = ()
     y = tl.zeros_like(dt)
     for n in tl.static_range(DSTATE):
-        hn = tl.fma(_decay(dt, a[n], FAST_EXP), h[n], dtu * b[n])  # as in _advance
-        y = tl.fma(c[n], hn, y)
+        hn = _decay(dt, a[n], FAST_EXP) * h[n] + dtu * b[n]  # see _advance
+        y += c[n] * hn
         out = out + (hn,)
     return out, y
 
@@ -410,7 +413,6 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
     # Loads run ahead of their use, as in _seq_local_kernel.
     nxt_delta = _time_tile(DELTA, d_base, t_start, offs_t, stride_dl, mask_d, t_end)
     nxt_u = _time_tile(U, u_base, t_start, offs_t, stride_ul, mask_d, t_end)
-    nxt_z = nxt_u  # no gate: never read
     if HAS_Z:
         nxt_z = _time_tile(Z, z_base, t_start, offs_t, stride_zl, mask_d, t_end)
     row_b, row_c = stride_bl, stride_cl
@@ -425,10 +427,11 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
             if t0 % CHUNK == 0:  # the state entering chunk t0 // CHUNK
                 _store_states(H_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d, h, dstate, DSTATE,
                               GROUP, EXACT)
-        cur_delta, cur_u, cur_z = nxt_delta, nxt_u, nxt_z
+        cur_delta, cur_u = nxt_delta, nxt_u
         nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
         nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
         if HAS_Z:
+            cur_z = nxt_z
             nxt_z = _time_tile(Z, z_base, t0 + 8, offs_t, stride_zl, mask_d, t_end)
         _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
         _prefetch_rows(c_seg + (t0 + 8 - t_start) * row_c, row_c, BLOCK_D, 8, PREFETCH)
