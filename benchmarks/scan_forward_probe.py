@@ -5,7 +5,9 @@ Prediction (offline sm_90 SASS, dstate 16): the chunked forward issued ~28 instr
 and step, the sequential one 6.1 (pass 1) + 10.0 (pass 3). Both passes take one MUFU.EX2 per
 state and step; at 16 per clock and SM (132 SMs, ~1.98 GHz) that bounds the forward at ~4.1 ms
 for a million tokens x 512 channels x 16 states, whose bytes take ~1.0 ms at 4.2 TB/s: the
-forward should land near 25% of copy bandwidth at best, against 6% before.
+forward should land near 25% of copy bandwidth at best, against 6% before. Outcome
+(benchmarks/NOTES.md, twenty-second session): 17.0 ms at first, no faster than the chunked
+forward (ncu: stalled on loads); 9.4 ms (10.9%) once the loads ran ahead of their use.
 
 Times `genoflash.bench.mixers.scan_bandwidth` (sequential forward with and without the chunk
 states, the chunked forward, the backward) over N and d_inner, both layouts, and the segments'
