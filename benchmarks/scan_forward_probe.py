@@ -15,7 +15,7 @@ count (forward.PROGRAMS_PER_SM). `--ncu`: one sequential forward and one backwar
 between cudaProfilerStart/Stop, for Nsight Compute's pipe utilisation and each kernel's time.
 
 `--variants`: the forward alone (with and without the chunk states), channels-first, under
-settings of forward.ROWS_AHEAD, OUT_MAXNREG, PAD_ROWS and PREFETCH_ROWS, in one process
+settings of forward.ROWS_AHEAD, OUT_MAXNREG, PAD_ROWS, PREFETCH_ROWS and TILES_AHEAD, in one process
 (twenty-second session: B's and C's rows and the next tile loaded ahead of their use).
 
     python benchmarks/scan_forward_probe.py --out X.json [--ncu | --variants]
@@ -66,8 +66,10 @@ def _variants(copy: float, path: str) -> list[dict]:
     device = torch.device("cuda")
     rows = []
     shapes = ((True, 512, 262144), (True, 512, 1048576), (True, 2048, 262144))
-    settings = ((1, None, True, True), (1, 128, True, True), (1, None, True, False), (2, 128, True, True))
-    keys = ("ROWS_AHEAD", "OUT_MAXNREG", "PAD_ROWS", "PREFETCH_ROWS")
+    # twenty-second session timed (1, None, True, True, 0), (1, 128, True, True, 0), (1, None, True,
+    # False, 0) and (2, 128, True, True, 0), the default since; next: the L2 prefetch of the tiles
+    settings = ((2, 128, True, True, 0), (2, 128, True, True, 1), (2, 128, True, True, 2), (1, 128, True, True, 1))
+    keys = ("ROWS_AHEAD", "OUT_MAXNREG", "PAD_ROWS", "PREFETCH_ROWS", "TILES_AHEAD")
     defaults = tuple(getattr(forward, k) for k in keys)
     for channels_first, d_inner, n in shapes:
         gen = torch.Generator(device=device).manual_seed(0)
@@ -91,7 +93,7 @@ def _variants(copy: float, path: str) -> list[dict]:
         for setting in settings:
             for k, v in zip(keys, setting):
                 setattr(forward, k, v)
-            ahead, maxnreg, pad, prefetch = setting
+            ahead, maxnreg, pad, prefetch, tiles_ahead = setting
             out = forward.scan_forward(u, delta, A, B, C, **extras)[0].float()
             if reference is None:
                 reference = out
@@ -99,7 +101,7 @@ def _variants(copy: float, path: str) -> list[dict]:
             ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras), device)
             inf_ms = _time(lambda: forward.scan_forward(u, delta, A, B, C, **extras, save_chunks=False), device)
             row = dict(channels_first=channels_first, d_inner=d_inner, seqlen=n, rows_ahead=ahead, out_maxnreg=maxnreg,
-                       pad_rows=pad, prefetch_rows=prefetch,
+                       pad_rows=pad, prefetch_rows=prefetch, tiles_ahead=tiles_ahead,
                        fwd_ms=ms, fwd_inference_ms=inf_ms, fwd_of_copy=fwd_bytes / (ms * 1e-3) / 1e9 / copy,
                        fwd_inference_of_copy=fwd_bytes / (inf_ms * 1e-3) / 1e9 / copy, rel_diff_vs_first=diff)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)

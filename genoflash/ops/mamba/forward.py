@@ -79,6 +79,9 @@ PAD_ROWS = True
 # Each tile asks L1 for the next tile's rows of B and C (_prefetch_rows; needs PAD_ROWS: the
 # rows past the last segment exist). Off in the interpreter (inline PTX).
 PREFETCH_ROWS = True
+# Tiles ahead of their load at which each thread asks L2 for its u, delta and z (_prefetch_tile);
+# 0: off. A probe's knob, not yet timed.
+TILES_AHEAD = 0
 # A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice): uncapped it takes ~140
 # registers and 3 of its 4-warp programs fit an SM; at 128 four do, with 24 spilled registers
 # outside the hot loop (offline sm_90, ROWS_AHEAD 2) and 4-9% less time (the probe above).
@@ -258,6 +261,21 @@ def _prefetch_rows(X_ROW, row_stride, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
 
 
 @triton.jit
+def _prefetch_tile(X, base, t, stride_l, mask_d, t_limit, STEPS: tl.constexpr, AHEAD: tl.constexpr):
+    """Ask L2 for the steps t .. t + STEPS - 1 of each thread's channel of u, delta or z (a tile
+    AHEAD tiles before its load; prefetch.global.L2: nothing waits on it, no register holds it).
+    STEPS is 1 where time is contiguous (a thread's 8 steps share a 32-byte sector), 8 where
+    it is not. Off with AHEAD 0 (the default: not yet timed, twenty-second session's next step:
+    ncu's top stall in pass 3 was the delta tile loaded a whole iteration ahead)."""
+    if AHEAD > 0:
+        for j in tl.static_range(STEPS):
+            ptrs = X + base + (t + j).to(tl.int64) * stride_l
+            ptrs = tl.where(mask_d & (t + j < t_limit), ptrs, X)  # past the end: a valid address
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+
+@triton.jit
 def _chunk_decays(a, dt_sum, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
     """prod_t exp(dt[t] A) over a stretch of steps = 2^(A log2(e) sum_t dt[t]), per state."""
     p = ()
@@ -335,7 +353,7 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
                       BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr,
                       FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                       ROWS_AHEAD: tl.constexpr, PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
-                      EXACT: tl.constexpr):
+                      EXACT: tl.constexpr, TILES_AHEAD: tl.constexpr, TILE_STEPS: tl.constexpr):
     """Pass 1: each segment from a zero state; its final state S_k and decay P_k."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
     offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
@@ -363,6 +381,8 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
         nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
         nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
         _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
+        _prefetch_tile(DELTA, d_base, t0 + 8 * (1 + TILES_AHEAD), stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
+        _prefetch_tile(U, u_base, t0 + 8 * (1 + TILES_AHEAD), stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         dtu = dt * cur_u.to(tl.float32)
         dt_sum += tl.sum(dt, 1)
@@ -384,7 +404,8 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
                     stride_hd, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
                     PADDED: tl.constexpr, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, ROWS_AHEAD: tl.constexpr,
-                    PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr):
+                    PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, TILES_AHEAD: tl.constexpr,
+                    TILE_STEPS: tl.constexpr):
     """Pass 3: each segment from its true initial state H_k: out = (sum_n C h + u D) silu(z),
     rounded once to OUT's dtype; with SAVE_CHUNKS, each CHUNK-step chunk's initial state and
     decay for the backward (segments hold whole chunks: seg_len is a multiple of CHUNK)."""
@@ -435,6 +456,10 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
             nxt_z = _time_tile(Z, z_base, t0 + 8, offs_t, stride_zl, mask_d, t_end)
         _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
         _prefetch_rows(c_seg + (t0 + 8 - t_start) * row_c, row_c, BLOCK_D, 8, PREFETCH)
+        _prefetch_tile(DELTA, d_base, t0 + 8 * (1 + TILES_AHEAD), stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
+        _prefetch_tile(U, u_base, t0 + 8 * (1 + TILES_AHEAD), stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
+        if HAS_Z:
+            _prefetch_tile(Z, z_base, t0 + 8 * (1 + TILES_AHEAD), stride_zl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         u = cur_u.to(tl.float32)
         dts, dtus = _steps(dt), _steps(dt * u)
@@ -496,7 +521,7 @@ def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: t
     padded = cdiv(dstate, group) * group
     return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate and not PAD_ROWS,
                 ROWS_AHEAD=ROWS_AHEAD, PAD_ROWS=PAD_ROWS, PREFETCH=PREFETCH_ROWS and PAD_ROWS and not interpreted,
-                EXACT=padded == dstate, num_warps=warps,
+                EXACT=padded == dstate, TILES_AHEAD=0 if interpreted else TILES_AHEAD, num_warps=warps,
                 seg_len=chunks_per_seg * chunk, n_seg=cdiv(n_chunks, chunks_per_seg))
 
 
@@ -527,6 +552,8 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     seg_len, n_seg = cfg.pop("seg_len"), cfg.pop("n_seg")
     assert chunk % T == 0 and seg_len % chunk == 0, (chunk, seg_len)  # tiles never straddle a chunk
     grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_seg)
+    # a thread's 8 steps share a sector where time is contiguous: one L2 prefetch covers them
+    cfg["TILE_STEPS"] = 1 if u.stride(1) == 1 and delta.stride(1) == 1 and (z is None or z.stride(1) == 1) else T
     flags = _flags(D, z, delta_bias, softplus)
     bias = u if delta_bias is None else delta_bias  # placeholder pointers where not given
     fast_exp = not interpreted
