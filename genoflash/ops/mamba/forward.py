@@ -30,8 +30,8 @@ of threads):
      kernels (scan.py, scan_channels_first.py) take as their chunk states.
 Pass 1's decays are computed again in pass 3: two MUFU.EX2 per state and step (16 per clock and
 SM: 4.1 ms at a million tokens, 512 channels, 16 states on the H200, whose inputs and output
-take 1.0 ms to move at 4.2 TB/s). Issue is the same bound: the hot loops take 6.1 (pass 1) and
-9.4 (pass 3) sm_90 instructions per state and step, ~4.0 ms at that size if every scheduler
+take 1.0 ms to move at 4.2 TB/s). Issue is about the same bound: the hot loops take 6.1 (pass 1)
+and 9.6 (pass 3) sm_90 instructions per state and step, ~4.1 ms at that size if every scheduler
 issued every cycle.
 
 What the H200 measured (benchmarks/NOTES.md, twenty-second session): at first 17 ms at that
