@@ -295,6 +295,14 @@ def _time_tile(X, base, t0, offs_t, stride_l, mask_d, t_limit):
 
 
 @triton.jit
+def _next_tile(X, base, t0, offs_t, stride_l, mask_d, t_end, STEPS: tl.constexpr, AHEAD: tl.constexpr):
+    """The tile after t0's (_time_tile, loaded an iteration before its use), and an L2 prefetch
+    of the one AHEAD tiles past it (_prefetch_tile; nothing with AHEAD 0)."""
+    _prefetch_tile(X, base, t0 + 8 * (1 + AHEAD), stride_l, mask_d, t_end, STEPS, AHEAD)
+    return _time_tile(X, base, t0 + 8, offs_t, stride_l, mask_d, t_end)
+
+
+@triton.jit
 def _step_sizes(x, t0, offs_t, seqlen, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
     """dt = softplus(delta + delta_bias) over a (BLOCK_D, T) tile of delta (x), 0 past the sequence
     end (a bias would otherwise make softplus(0 + bias) > 0 there)."""
@@ -378,11 +386,9 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
                          ROWS_AHEAD, not PAD_ROWS)
     for t0 in range(t_start, t_end, 8):
         cur_delta, cur_u = nxt_delta, nxt_u
-        nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
-        nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
+        nxt_delta = _next_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
+        nxt_u = _next_tile(U, u_base, t0, offs_t, stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
         _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
-        _prefetch_tile(DELTA, d_base, t0 + 8 * (1 + TILES_AHEAD), stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
-        _prefetch_tile(U, u_base, t0 + 8 * (1 + TILES_AHEAD), stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         dtu = dt * cur_u.to(tl.float32)
         dt_sum += tl.sum(dt, 1)
@@ -449,17 +455,13 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
                 _store_states(H_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d, h, dstate, DSTATE,
                               GROUP, EXACT)
         cur_delta, cur_u = nxt_delta, nxt_u
-        nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
-        nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
+        nxt_delta = _next_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
+        nxt_u = _next_tile(U, u_base, t0, offs_t, stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
         if HAS_Z:
             cur_z = nxt_z
-            nxt_z = _time_tile(Z, z_base, t0 + 8, offs_t, stride_zl, mask_d, t_end)
+            nxt_z = _next_tile(Z, z_base, t0, offs_t, stride_zl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
         _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
         _prefetch_rows(c_seg + (t0 + 8 - t_start) * row_c, row_c, BLOCK_D, 8, PREFETCH)
-        _prefetch_tile(DELTA, d_base, t0 + 8 * (1 + TILES_AHEAD), stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
-        _prefetch_tile(U, u_base, t0 + 8 * (1 + TILES_AHEAD), stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
-        if HAS_Z:
-            _prefetch_tile(Z, z_base, t0 + 8 * (1 + TILES_AHEAD), stride_zl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         u = cur_u.to(tl.float32)
         dts, dtus = _steps(dt), _steps(dt * u)
@@ -530,8 +532,11 @@ def _float_rows(x: torch.Tensor, rows: int, width: int, pad: bool) -> torch.Tens
     _state_row loads. A copy of dstate values per step, small beside the dim-wide u, delta, z.
     With pad: (batch, rows, width), zero past the sequence and the states."""
     if pad:
-        out = x.new_zeros(x.shape[0], rows, width, dtype=torch.float32)
-        out[:, :x.shape[1], :x.shape[2]] = x
+        seqlen, dstate = x.shape[1], x.shape[2]
+        out = x.new_empty(x.shape[0], rows, width, dtype=torch.float32)
+        out[:, :seqlen, :dstate] = x
+        out[:, seqlen:].zero_()  # only what the copy leaves: the rows past the sequence,
+        out[:, :seqlen, dstate:].zero_()  # and the states past dstate
         return out
     if x.dtype == torch.float32 and x.stride(2) == 1:
         return x
