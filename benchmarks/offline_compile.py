@@ -199,6 +199,8 @@ def main(argv):
     parser.add_argument("--sequential-forward", action="store_true",
                         help="mamba: forward.py's kernels (pass 1 and the output pass), dstate = D (the "
                              "positional argument); channels-first inputs with --channels-first")
+    parser.add_argument("--sequential-backward", action="store_true",
+                        help="mamba: with --sequential-forward, backward.py's kernels too (states every 16 steps)")
     parser.add_argument("--channels-first", action="store_true",
                         help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
     args = parser.parse_args(argv)
@@ -250,7 +252,12 @@ def main(argv):
         extras = dict(D=torch.ones(512), z=z, delta_bias=torch.rand(512), softplus=True)
         if args.sequential_forward:  # forward.py's kernels only (layout by --channels-first), dstate = D
             from genoflash.ops.mamba import forward
-            forward.scan_forward(u, delta, A, B, C, **extras)
+            if args.sequential_backward:
+                from genoflash.ops.mamba import backward
+                y, h, _ = forward.scan_forward(u, delta, A, B, C, **extras, state_every=backward.STATE_EVERY)
+                backward.scan_backward(torch.randn_like(y), u, delta, A, B, C, h, **extras)
+            else:
+                forward.scan_forward(u, delta, A, B, C, **extras)
         else:
             y, h0, decay = scan.scan_forward(u, delta, A, B, C, **extras)
             scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, **extras)

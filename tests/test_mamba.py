@@ -10,7 +10,7 @@ import triton.language as tl
 
 import genoflash
 from genoflash.layers import BiMamba, Mamba
-from genoflash.ops.mamba import forward, scan, scan_channels_first, selective_scan_fn, selective_scan_reference
+from genoflash.ops.mamba import backward, forward, scan, scan_channels_first, selective_scan_fn, selective_scan_reference
 from genoflash.ops.mamba.scan import _softplus
 
 from .attention_utils import EPS
@@ -350,6 +350,64 @@ def test_channels_first_kernels_within_the_rule(case, sequential_forward, device
     fn = atomic if case == "atomic" else selective_scan_fn
     assert_scan_within_rule(inputs, torch.randn(2, seqlen, 20, device=device, dtype=dtype), fn=fn)
     assert calls == ["sequential" if sequential_forward else "scan_forward", "scan_backward"]
+
+
+@pytest.mark.parametrize("case", ["features", "no-extras", "channels-first", "every-8", "long-segments",
+                                  "odd-16-bit", "states-1", "states-2", "one-step", "bias-z-only"])
+def test_sequential_backward_within_the_rule(case, device, monkeypatch):
+    """backward.py (the sequential backward) within the rule, and taken: a spy counts its calls.
+    Segments of one saved interval (the interpreter's default; on the GPU at these lengths too)
+    and of three ("long-segments": tiles inside a segment that step forward from the saved state
+    before them); states saved every 16 steps or every 8; dstate 1, 2 (groups under 4 states),
+    5 (padded to 8) and 16; more channels than one program's."""
+    calls = []
+    monkeypatch.setattr(backward, "ENABLED", True)
+    real = backward.scan_backward
+    monkeypatch.setattr(backward, "scan_backward", lambda *a, **k: (calls.append(k["state_every"]), real(*a, **k))[1])
+    every = 8 if case == "every-8" else 16
+    monkeypatch.setattr(backward, "STATE_EVERY", every)
+    if case == "long-segments":
+        monkeypatch.setattr(forward, "CHUNKS_PER_SEGMENT", 3)
+    torch.manual_seed(31 + len(case))
+    dtype = (torch.bfloat16 if HAS_CUDA else torch.float16) if case.startswith("odd") else torch.float32
+    dstate = {"states-1": 1, "states-2": 2, "features": 16}.get(case, 5)
+    dim = 40 if HAS_CUDA else 36  # two programs' channels, the second partial (32 per program in the interpreter)
+    seqlen = {"one-step": 1, "long-segments": 129, "odd-16-bit": 61}.get(case, 45)
+    inputs = scan_inputs(2, seqlen, dim, dstate, dtype, device, features=case != "no-extras")
+    if case == "channels-first":
+        for name in ("u", "delta", "z"):
+            inputs[name] = _time_contiguous(inputs[name])
+    if case == "bias-z-only":
+        inputs["D"] = None
+        inputs["delta_softplus"] = False
+        inputs["delta_bias"] = torch.rand(dim, device=device).requires_grad_()
+    assert_scan_within_rule(inputs, torch.randn(2, seqlen, dim, device=device, dtype=dtype))
+    assert calls == [every]
+
+
+def test_sequential_backward_rule_can_fail(device, monkeypatch):
+    """The check fails on gradients alone when the segments' backward walks start from zero
+    instead of the carry handed back by the segments after them (the forward as it is)."""
+
+    def no_carry(s_loc, decay, out, reverse, cfg):
+        out.zero_()
+
+    monkeypatch.setattr(backward, "ENABLED", True)
+    monkeypatch.setattr(backward, "_carry_walk", no_carry)
+    torch.manual_seed(37)
+    inputs = scan_inputs(1, 70, 8, 4, torch.float32, device, features=False)  # 5 segments of 16 steps
+    with pytest.raises(AssertionError, match=r"^d\w+: error"):
+        assert_scan_within_rule(inputs, torch.randn(1, 70, 8, device=device))
+
+
+def test_sequential_backward_rejects_states_of_another_spacing(device):
+    torch.manual_seed(41)
+    inputs = {k: v.detach() if isinstance(v, torch.Tensor) else v
+              for k, v in scan_inputs(1, 40, 8, 4, torch.float32, device, features=False).items()}
+    args = (inputs["u"], inputs["delta"], inputs["A"], inputs["B"], inputs["C"], device.type != "cuda")
+    _, h, _ = forward.scan_forward(*args, state_every=8)
+    with pytest.raises(ValueError, match="h_saved must be"):
+        backward.scan_backward(torch.randn_like(inputs["u"]), *args[:5], h, args[5], state_every=16)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -409,12 +409,14 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
                     stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd, stride_hb, stride_hc,
                     stride_hd, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
                     PADDED: tl.constexpr, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, ROWS_AHEAD: tl.constexpr,
+                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, SAVE_DECAYS: tl.constexpr,
+                    ROWS_AHEAD: tl.constexpr,
                     PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, TILES_AHEAD: tl.constexpr,
                     TILE_STEPS: tl.constexpr):
     """Pass 3: each segment from its true initial state H_k: out = (sum_n C h + u D) silu(z),
     rounded once to OUT's dtype; with SAVE_CHUNKS, each CHUNK-step chunk's initial state and
-    decay for the backward (segments hold whole chunks: seg_len is a multiple of CHUNK)."""
+    (SAVE_DECAYS) decay for the backward (segments hold whole chunks: seg_len is a multiple of
+    CHUNK)."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
     offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
                                              HAS_BIAS)
@@ -482,7 +484,7 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
         t = t0 + offs_t
         tl.store(OUT + o_base[:, None] + t[None, :].to(tl.int64) * stride_ol, y.to(OUT.dtype.element_ty),
                  mask=mask_d[:, None] & (t < seqlen)[None, :])
-        if SAVE_CHUNKS:
+        if SAVE_CHUNKS and SAVE_DECAYS:
             dt_sum += tl.sum(dt, 1)
             if ((t0 + 8) % CHUNK == 0) | (t0 + 8 >= t_end):  # the chunk's last tile: its decay
                 _store_states(P_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d,
@@ -544,15 +546,21 @@ def _float_rows(x: torch.Tensor, rows: int, width: int, pad: bool) -> torch.Tens
 
 
 def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None, delta_bias=None,
-                 softplus: bool = False, save_chunks: bool = True, out_dtype: torch.dtype | None = None):
+                 softplus: bool = False, save_chunks: bool = True, out_dtype: torch.dtype | None = None,
+                 state_every: int | None = None):
     """out = (core(u, dt, A, B, C) + u D) silu(z) (each part where given), dt = softplus(delta +
     delta_bias), in out_dtype (u's by default) and u's layout (channels-first u gives a
     channels-first out). Returns (out, H, P): each CHUNK-step chunk's initial state and decay,
-    (batch, n_chunks, dim, dstate) float32, as scan.scan_forward's, for the backward (None, None
-    with save_chunks=False). Any strides and float dtypes; A is float32."""
+    (batch, n_chunks, dim, dstate) float32, as scan.scan_forward's, for the chunked backward
+    kernels (None, None with save_chunks=False). With state_every (a multiple of 8), H is the
+    state entering every state_every-step interval instead and P is None: what the sequential
+    backward (backward.py) takes, which recomputes the decays. Any strides and float dtypes; A is
+    float32."""
     batch, seqlen, dim = u.shape
     dstate = A.shape[1]
-    chunk = _blocks(dim, dstate, interpreted)["CHUNK"]
+    chunk = state_every or _blocks(dim, dstate, interpreted)["CHUNK"]
+    if chunk % T:
+        raise ValueError(f"state_every must be a multiple of {T}, got {chunk}")
     cfg = config(batch, seqlen, dim, dstate, chunk, u.device, interpreted)
     seg_len, n_seg = cfg.pop("seg_len"), cfg.pop("n_seg")
     assert chunk % T == 0 and seg_len % chunk == 0, (chunk, seg_len)  # tiles never straddle a chunk
@@ -583,14 +591,17 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
         out = torch.empty(batch, seqlen, dim, device=u.device, dtype=out_dtype or u.dtype)
     n_chunks = cdiv(seqlen, chunk)
     if save_chunks:
-        h_chunk, p_chunk = (torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
-                            for _ in range(2))
+        h_chunk = torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
+        p_chunk = h_chunk if state_every else torch.empty_like(h_chunk)  # a placeholder without decays
     else:
         h_chunk = p_chunk = h_seg  # placeholders, never written
     gate = u if z is None else z
     C32 = _float_rows(C, rows, cfg["DSTATE"], pad_rows)
     _seq_out_kernel[grid](u, delta, bias, A, B32, C32, u if D is None else D, gate, h_seg, out, h_chunk, p_chunk,
                           *common, *_strides3(C32), *_strides3(gate), *_strides3(out), *s_strides,
-                          *_strides3(h_chunk), CHUNK=chunk, FAST_EXP=fast_exp, SAVE_CHUNKS=save_chunks, **flags,
+                          *_strides3(h_chunk), CHUNK=chunk, FAST_EXP=fast_exp, SAVE_CHUNKS=save_chunks,
+                          SAVE_DECAYS=not state_every, **flags,
                           **cfg, **({} if OUT_MAXNREG is None or interpreted else dict(maxnreg=OUT_MAXNREG)))
-    return (out, h_chunk, p_chunk) if save_chunks else (out, None, None)
+    if not save_chunks:
+        return out, None, None
+    return out, h_chunk, None if state_every else p_chunk

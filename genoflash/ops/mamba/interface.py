@@ -32,7 +32,7 @@ class SelectiveScanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, deterministic):
-        from . import forward, scan, scan_channels_first
+        from . import backward, forward, scan, scan_channels_first
         interpreted = triton_interpreted()
         # Channels-first u and delta ((batch, seqlen, dim) views of (batch, dim, seqlen) memory)
         # go to the state-loop kernels when they are enabled; everything else to scan.py's, which
@@ -51,10 +51,15 @@ class SelectiveScanFunction(torch.autograd.Function):
         D = None if D is None else D.contiguous()
         delta_bias = None if delta_bias is None else delta_bias.contiguous()
         # The forward runs as sequential per-thread recurrences (forward.py) unless switched off; it
-        # writes the chunk states either backward takes, and only when a backward will run.
+        # writes the chunk states the backward takes, and only when a backward will run: every
+        # STATE_EVERY steps' state for the sequential backward (backward.py), else each 32-step
+        # chunk's state and decay for the chunked backward kernels.
+        sequential_backward = forward.ENABLED and backward.ENABLED
+        ctx.state_every = backward.STATE_EVERY if sequential_backward else None
         if forward.ENABLED:
             out, h0, decay = forward.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
-                                                  softplus=softplus, save_chunks=any(ctx.needs_input_grad))
+                                                  softplus=softplus, save_chunks=any(ctx.needs_input_grad),
+                                                  state_every=ctx.state_every)
         else:
             out, h0, decay = kernels.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z,
                                                   delta_bias=delta_bias, softplus=softplus)
@@ -66,9 +71,15 @@ class SelectiveScanFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         u, delta, A32, B, C, D, z, delta_bias, h0, decay = ctx.saved_tensors
-        du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = ctx.kernels.scan_backward(
-            dout, u, delta, A32, B, C, h0, decay, ctx.interpreted, ctx.deterministic, D=D, z=z,
-            delta_bias=delta_bias, softplus=ctx.softplus)
+        if ctx.state_every:  # deterministic either way: each program writes its own partial sums
+            from . import backward
+            du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = backward.scan_backward(
+                dout, u, delta, A32, B, C, h0, ctx.interpreted, D=D, z=z, delta_bias=delta_bias,
+                softplus=ctx.softplus, state_every=ctx.state_every)
+        else:
+            du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = ctx.kernels.scan_backward(
+                dout, u, delta, A32, B, C, h0, decay, ctx.interpreted, ctx.deterministic, D=D, z=z,
+                delta_bias=delta_bias, softplus=ctx.softplus)
         return (du, ddelta, dA.to(ctx.a_dtype), dB.to(B.dtype), dC.to(C.dtype),
                 None if dD is None else dD.to(D.dtype), dz,
                 None if ddelta_bias is None else ddelta_bias.to(delta_bias.dtype), None, None)
