@@ -3,10 +3,11 @@ backward kernels (scan_channels_first.py), on the H200, in one process.
 
 Prediction (twenty-third session, before the first GPU run): the chunked backward issues ~63 sm_90
 instructions per state and step (twenty-second session) and is 88% of the scan's time. The
-sequential one's hot loop (offline sm_90, 4 warps, GS 2): ~5,300 instructions per 8-step tile of
-16 states, ~41 per state and step (the tile's forward again, the reverse walk, the lane reductions
-of dB and dC), with 255 registers and ~100 spilled values per tile. If issue-bound, ~1.5x the
-chunked backward; the spills and the 16-register-wide persistent state may eat that.
+sequential one's gradient kernel (offline sm_90, 4 warps): ~5,600-5,800 instructions per kernel,
+~5,000 of them in the loop over 8-step tiles of 16 states, ~39 per state and step (the tile's
+forward again, the reverse walk, the lane reductions of dB and dC), at 255 registers, spilling
+628 B per thread with GS 2 and 44 B with GS 1. If issue-bound, ~1.5x faster than the chunked
+backward.
 
 Each row: one shape (channels-first bf16 u, delta, z; D, delta_bias, softplus: the Mamba block's
 call), the forward with the states each backward takes, and the backward alone (median ms,
@@ -60,8 +61,10 @@ def main() -> None:
         extras = dict(D=torch.ones(d_inner, device=device), z=z, delta_bias=torch.rand(d_inner, device=device) - 4.0,
                       softplus=True)
         reference = None
-        for variant in ("chunked", "sequential-16", "sequential-8"):
+        for variant in ("chunked", "sequential-16-gs1", "sequential-16-gs2", "sequential-8-gs1"):
             every = None if variant == "chunked" else int(variant.split("-")[1])
+            if every:
+                backward.GS = int(variant.split("gs")[1])
             fwd = lambda: forward.scan_forward(u, delta, A, B, C, **extras, state_every=every)  # noqa: E731
             fwd_ms = _time(fwd, device)
             _, h, p = fwd()

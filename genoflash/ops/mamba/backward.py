@@ -58,10 +58,10 @@ ENABLED = False
 # and decays).
 STATE_EVERY = 16
 # States per group of the tile's forward-then-back walk: 8 steps x GS states kept in registers,
-# and 8 x GS values each of dB and dC per group, held until the group's lane reduction. 4 took
-# 255 registers and spilled 1.3 kB per thread (offline sm_90, 4 warps); 2 (16 values per
-# reduction, finished with one shuffle across the half-warps)
-GS = 2
+# and 8 x GS values each of dB and dC per group for a lane reduction. Offline (sm_90, 4 warps, 255
+# registers): GS 4 spilled 1.3 kB per thread, 2 628 B, 1 44 B (with twice the reductions, each
+# with its barrier, of 2). benchmarks/scan_backward_probe.py times 1 and 2.
+GS = 1
 
 
 def use_sequential_backward(enabled: bool):
@@ -269,18 +269,15 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
                 h = _advance(h, a, dts_r[j], dtus_r[j], b, DSTATE, FAST_EXP)
         _prefetch_rows(b_seg + (t0 - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
         _prefetch_rows(c_seg + (t0 - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
-        x = _time_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end).to(tl.float32)
-        if HAS_BIAS:
-            x += bias[:, None]
-        dt = _step_sizes(x, t0, offs_t, seqlen, bias, False, SOFTPLUS)
-        u = _time_tile(U, u_base, t0, offs_t, stride_ul, mask_d, t_end).to(tl.float32)
-        dtu = dt * u
+        dt = _step_sizes(_time_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end), t0, offs_t, seqlen, bias,
+                         HAS_BIAS, SOFTPLUS)
         dout = _time_tile(DOUT, o_base, t0, offs_t, stride_ol, mask_d, t_end)
         z = dout
         if HAS_Z:
             z = _time_tile(Z, z_base, t0, offs_t, stride_zl, mask_d, t_end)
-        dy = _gate_grad_inputs(dout, z, HAS_Z)
-        dts, dtus, dys = _steps(dt), _steps(dtu), _steps(dy)
+        dts = _steps(dt)
+        dtus = _steps(dt * _time_tile(U, u_base, t0, offs_t, stride_ul, mask_d, t_end).to(tl.float32))
+        dys = _steps(_gate_grad_inputs(dout, z, HAS_Z))
         zero = tl.zeros([BLOCK_D], tl.float32)
         gb = (zero, zero, zero, zero, zero, zero, zero, zero)    # sum_n g B per step
         qa = (zero, zero, zero, zero, zero, zero, zero, zero)    # sum_n A_n q per step
@@ -294,13 +291,30 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
             for s in tl.static_range(GS):
                 prev = prev + (h[grp * GS + s],)
             cur = prev
+            dc_vals = ()                                        # dy h, for dC, in hs's order
+            ys_new = ()
             for j in tl.static_range(8):
                 b = _state_row(b_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
+                c = _state_row(c_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
                 nxt = ()
+                yj = ys[j]
                 for s in tl.static_range(GS):
-                    nxt = nxt + (_decay(dts[j], a[grp * GS + s], FAST_EXP) * cur[s] + dtus[j] * b[s],)
+                    hn = _decay(dts[j], a[grp * GS + s], FAST_EXP) * cur[s] + dtus[j] * b[s]
+                    nxt = nxt + (hn,)
+                    dc_vals = dc_vals + (dys[j] * hn,)
+                    if HAS_Z:
+                        yj += c[s] * hn
                 cur = nxt
                 hs = hs + cur
+                ys_new = ys_new + (yj,)
+            ys = ys_new
+            # dB and dC: the program's sums over channels of 8 steps x GS states, dC's now (its
+            # values need not stay live through the walk back)
+            n_off = grp * GS + idx % GS
+            t_off = t0 + (idx % (8 * GS)) // GS
+            offs = part + t_off.to(tl.int64) * stride_pl + n_off
+            smask = (t_off < seqlen) & (n_off < dstate) & (idx < 8 * GS)
+            _store_channel_sums(DC_PART, offs, smask, dc_vals, 8 * GS, BLOCK_D, LANES)
             # back through the tile with g; the dB and dC values in hs's order
             rg = ()
             dag = ()
@@ -308,21 +322,17 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
                 rg = rg + (r[grp * GS + s],)
                 dag = dag + (da[grp * GS + s],)
             db_vals = ()
-            dc_vals = ()
             gb_new = ()
             qa_new = ()
-            ys_new = ()
             for j in tl.static_range(7, -1, -1):
                 b = _state_row(b_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
                 c = _state_row(c_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
-                gbj, qaj, yj = gb[j], qa[j], ys[j]
+                gbj, qaj = gb[j], qa[j]
                 dt_j, dtu_j, dy_j = dts[j], dtus[j], dys[j]
                 rg_next = ()
                 dag_next = ()
                 dbj = ()
-                dcj = ()
                 for s in tl.static_range(GS):
-                    hj = hs[j * GS + s]
                     if j == 0:
                         hp = prev[s]
                     else:
@@ -330,9 +340,6 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
                     g = rg[s] + c[s] * dy_j
                     gbj += g * b[s]
                     dbj = dbj + (g * dtu_j,)
-                    dcj = dcj + (dy_j * hj,)
-                    if HAS_Z:
-                        yj += c[s] * hj
                     rn = _decay(dt_j, a[grp * GS + s], FAST_EXP) * g        # r_{t-1} = a_t g_t
                     q = rn * hp                                   # g_t a_t h_{t-1}
                     qaj += q * a[grp * GS + s]                          # A_n log2(e) q: scaled back below
@@ -341,22 +348,25 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
                 rg, dag = rg_next, dag_next
                 # values in step-major order within the tile (j * GS + s), built back to front
                 db_vals = dbj + db_vals
-                dc_vals = dcj + dc_vals
                 gb_new = (gbj,) + gb_new
                 qa_new = (qaj,) + qa_new
-                ys_new = (yj,) + ys_new
-            gb, qa, ys = gb_new, qa_new, ys_new
+            gb, qa = gb_new, qa_new
             r_new = r_new + rg
             da_new = da_new + dag
-            # dB, dC: the program's sums over channels of 8 steps x GS states
-            n_off = grp * GS + idx % GS
-            t_off = t0 + (idx % (8 * GS)) // GS
-            offs = part + t_off.to(tl.int64) * stride_pl + n_off
-            smask = (t_off < seqlen) & (n_off < dstate) & (idx < 8 * GS)
             _store_channel_sums(DB_PART, offs, smask, db_vals, 8 * GS, BLOCK_D, LANES)
-            _store_channel_sums(DC_PART, offs, smask, dc_vals, 8 * GS, BLOCK_D, LANES)
         r, da = r_new, da_new
         # qa holds sum_n q a[n] with a[n] = A_n log2(e): back to A_n
+        # The tile's inputs again (L1 or L2 hits): kept through the walk, they cost registers the
+        # walk needs (offline sm_90: 255 with ~100 spilled values per tile).
+        x = _time_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end).to(tl.float32)
+        if HAS_BIAS:
+            x += bias[:, None]
+        u = _time_tile(U, u_base, t0, offs_t, stride_ul, mask_d, t_end).to(tl.float32)
+        dout = _time_tile(DOUT, o_base, t0, offs_t, stride_ol, mask_d, t_end)
+        if HAS_Z:
+            z = _time_tile(Z, z_base, t0, offs_t, stride_zl, mask_d, t_end)
+        dt = _tile_of_steps(dts)
+        dy = _tile_of_steps(dys)
         gb_t = _tile_of_steps(gb)
         ddt = _tile_of_steps(qa) * (1.0 / LOG2E) + u * gb_t
         du = dt * gb_t
