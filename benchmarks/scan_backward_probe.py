@@ -45,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="262144x512,1048576x512,262144x2048")
+    ap.add_argument("--variants", default="chunked,sequential-16-gs1,sequential-16-gs2,sequential-8-gs1")
     args = ap.parse_args()
     device = torch.device("cuda")
     rows = []
@@ -61,7 +62,7 @@ def main() -> None:
         extras = dict(D=torch.ones(d_inner, device=device), z=z, delta_bias=torch.rand(d_inner, device=device) - 4.0,
                       softplus=True)
         reference = None
-        for variant in ("chunked", "sequential-16-gs1", "sequential-16-gs2", "sequential-8-gs1"):
+        for variant in args.variants.split(","):
             every = None if variant == "chunked" else int(variant.split("-")[1])
             if every:
                 backward.GS = int(variant.split("gs")[1])
