@@ -34,6 +34,16 @@ forward does: (1) each segment from r = 0 at its end: r at its start, and its de
 
 Steps past the sequence end have dt = 0 (a = 1, b = 0), dout = 0 and zero rows of B and C: g is
 0 there and they add nothing.
+
+Where it stands (twenty-third session, benchmarks/NOTES.md): within the rule in the interpreter
+and, on the H200, in 11 of its 12 test cases (none failed; the twelfth had not finished
+compiling). Not timed, and off by default: the gradient kernel takes ~5 minutes to compile
+(offline, sm_90) for the Mamba block's configuration. Its SASS (GS 1): ~5,800 instructions, most
+of them the tile loop's (FMUL 1,279, FFMA 1,054, LDG 604, FSEL 489, FADD 482, SHFL 352, MUFU
+347, BAR 96): ~39 per state and step if ~5,000 are the loop's, against ~63 for the chunked
+backward. Next: fewer instructions per reduction (GS 2 halves the barriers but spilled 628 B),
+the decays kept from the tile's forward part instead of recomputed, and a compile time users
+can wait for.
 """
 
 from __future__ import annotations
