@@ -55,8 +55,8 @@ import triton
 import triton.language as tl
 
 from ..host import cdiv, switched
-from .forward import (LOG2E, T, _advance, _channel_states, _decay, _float_rows, _prefetch_rows, _segment_setup,
-                      _state_row, _step_sizes, _steps, _store_states, _tile_of_steps, _time_tile, config)
+from .forward import (LOG2E, T, _channel_states, _decay, _segment_setup, _step_sizes, _steps, _store_states,
+                      _tile_of_steps, _time_tile, config)
 from .scan import _blocks, _carry_walk, _flags, _sigmoid, _strides3
 
 # False: the interface runs the chunked backward kernels (scan_channels_first.py / scan.py), and
@@ -153,6 +153,17 @@ def _store_channel_sums(PART, offs, mask, vals, N: tl.constexpr, BLOCK_D: tl.con
 
 
 @triton.jit
+def _state_steps(XT, base, n, t0, offs_t, stride_n, BLOCK_D: tl.constexpr):
+    """State n of B or C at steps t0 .. t0 + 7 as 8 (BLOCK_D,) vectors (each the same in every
+    channel), from the launcher's state-major float32 copy (_state_major_rows): one 32-byte
+    broadcast load per thread. Per-step row loads (forward.py's _state_row) made ~600 load ops in
+    the gradient kernel, and Triton's coalescing pass took 296 of its 300 s of compile time
+    (MLIR_ENABLE_TIMING, offline sm_90) over them."""
+    ptrs = XT + base + n * stride_n + t0 + offs_t[None, :] + tl.zeros([BLOCK_D, 1], tl.int32)
+    return _steps(tl.load(ptrs))
+
+
+@triton.jit
 def _gate_grad_inputs(dout, z, HAS_Z: tl.constexpr):
     """dy = dout silu(z) (dout without a gate), float32, over a tile."""
     dout = dout.to(tl.float32)
@@ -163,13 +174,13 @@ def _gate_grad_inputs(dout, z, HAS_Z: tl.constexpr):
 
 
 @triton.jit
-def _seq_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, R_LOC, P, seqlen, seg_len, dim, dstate,
-                          stride_db, stride_dl, stride_dd, stride_ad, stride_an, stride_cb, stride_cl, stride_cn,
+def _seq_bwd_local_kernel(DELTA, DELTA_BIAS, A, CT, DOUT, Z, R_LOC, P, seqlen, seg_len, dim, dstate,
+                          stride_db, stride_dl, stride_dd, stride_ad, stride_an, stride_tb, stride_tn,
                           stride_ob, stride_ol, stride_od, stride_zb, stride_zl, stride_zd,
                           stride_sb, stride_sc, stride_sd,
                           BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, FAST_EXP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr,
-                          PREFETCH: tl.constexpr, EXACT: tl.constexpr):
+                          EXACT: tl.constexpr):
     """Pass 1: each segment backwards from r = 0 at its end: the r it hands to the segment
     before it (a_first g_first) and its decay, per channel and state."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
@@ -182,14 +193,12 @@ def _seq_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, R_LOC, P, seqlen, se
     z_base = b64 * stride_zb + offs_d.to(tl.int64) * stride_zd
     t_start = seg * seg_len
     t_end = tl.minimum(t_start + seg_len, seqlen)
-    c_seg = C + b64 * stride_cb + t_start.to(tl.int64) * stride_cl  # padded float32 rows (DSTATE wide)
+    t_base = b64 * stride_tb  # C's state-major copy (_state_steps)
     n_tiles = tl.cdiv(t_end - t_start, 8)
     r = _zero_like_states(BLOCK_D, DSTATE)
     dt_sum = tl.zeros([BLOCK_D], tl.float32)
     for i in range(n_tiles):
         t0 = t_start + (n_tiles - 1 - i) * 8
-        # the tile before this one (the next walked), or this one's again at the segment start
-        _prefetch_rows(c_seg + (tl.maximum(t0 - 8, t_start) - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
         dt = _step_sizes(_time_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end), t0, offs_t, seqlen, bias,
                          HAS_BIAS, SOFTPLUS)
         dout = _time_tile(DOUT, o_base, t0, offs_t, stride_ol, mask_d, t_end)
@@ -199,13 +208,14 @@ def _seq_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, R_LOC, P, seqlen, se
         dy = _gate_grad_inputs(dout, z, HAS_Z)
         dt_sum += tl.sum(dt, 1)
         dts, dys = _steps(dt), _steps(dy)
-        for j in tl.static_range(7, -1, -1):
-            c = _state_row(c_seg + (t0 + j - t_start) * DSTATE, dstate, 1, BLOCK_D, DSTATE, GROUP, False)
-            nxt = ()
-            for n in tl.static_range(DSTATE):
-                g = r[n] + c[n] * dys[j]
-                nxt = nxt + (_decay(dts[j], a[n], FAST_EXP) * g,)
-            r = nxt
+        nxt = ()
+        for n in tl.static_range(DSTATE):  # each state's walk back through the tile (independent)
+            c = _state_steps(CT, t_base, n, t0, offs_t, stride_tn, BLOCK_D)
+            rn = r[n]
+            for j in tl.static_range(7, -1, -1):
+                rn = _decay(dts[j], a[n], FAST_EXP) * (rn + c[j] * dys[j])
+            nxt = nxt + (rn,)
+        r = nxt
     s_offs = b64 * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd
     _store_states(R_LOC, s_offs, mask_d, r, dstate, DSTATE, GROUP, EXACT)
     p = ()
@@ -223,15 +233,15 @@ def _zero_like_states(BLOCK_D: tl.constexpr, DSTATE: tl.constexpr):
 
 
 @triton.jit
-def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA, DZ,
+def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, BT, CT, D, Z, DOUT, H, X, DU, DDELTA, DZ,
                       DA_PART, DB_PART, DC_PART, DD_PART, DBIAS_PART, seqlen, seg_len, dim, dstate,
                       stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
-                      stride_bb, stride_bl, stride_zb, stride_zl, stride_zd, stride_ob, stride_ol, stride_od,
+                      stride_tb, stride_tn, stride_zb, stride_zl, stride_zd, stride_ob, stride_ol, stride_od,
                       stride_gb, stride_gl, stride_gd, stride_hb, stride_hc, stride_hd, stride_xb, stride_xc,
                       stride_xd, stride_pk, stride_pb, stride_pl, stride_vb, stride_vc,
                       BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, GS: tl.constexpr,
                       EVERY: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                      HAS_D: tl.constexpr, HAS_Z: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr,
+                      HAS_D: tl.constexpr, HAS_Z: tl.constexpr, LANES: tl.constexpr,
                       EXACT: tl.constexpr):
     """Pass 3: each segment backwards from its true r (X), one 8-step tile at a time: du, ddelta,
     dz of the tile (DU, DDELTA, DZ have their own strides, _g), the program's partial sums of dB
@@ -252,8 +262,7 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
         skip = tl.load(D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
     t_start = seg * seg_len
     t_end = tl.minimum(t_start + seg_len, seqlen)
-    b_seg = B + b64 * stride_bb + t_start.to(tl.int64) * stride_bl  # padded float32 rows (DSTATE wide)
-    c_seg = C + b64 * stride_bb + t_start.to(tl.int64) * stride_bl  # (B's and C's copies share strides)
+    t_base = b64 * stride_tb  # B's and C's state-major copies (_state_steps; they share strides)
     h_base = b64 * stride_hb + offs_d * stride_hd
     r = _channel_states(X, b64 * stride_xb + seg.to(tl.int64) * stride_xc + offs_d * stride_xd, mask_d, 1, dstate,
                         1.0, DSTATE)
@@ -274,11 +283,14 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
                                bias, HAS_BIAS, SOFTPLUS)
             dts_r = _steps(dt_r)
             dtus_r = _steps(dt_r * _time_tile(U, u_base, tt, offs_t, stride_ul, mask_d, t_end).to(tl.float32))
-            for j in tl.static_range(8):
-                b = _state_row(b_seg + (tt + j - t_start) * DSTATE, dstate, 1, BLOCK_D, DSTATE, GROUP, False)
-                h = _advance(h, a, dts_r[j], dtus_r[j], b, DSTATE, FAST_EXP)
-        _prefetch_rows(b_seg + (t0 - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
-        _prefetch_rows(c_seg + (t0 - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
+            h_next = ()
+            for n in tl.static_range(DSTATE):  # each state through the tile (independent)
+                b = _state_steps(BT, t_base, n, tt, offs_t, stride_tn, BLOCK_D)
+                hn = h[n]
+                for j in tl.static_range(8):
+                    hn = _decay(dts_r[j], a[n], FAST_EXP) * hn + dtus_r[j] * b[j]
+                h_next = h_next + (hn,)
+            h = h_next
         dt = _step_sizes(_time_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end), t0, offs_t, seqlen, bias,
                          HAS_BIAS, SOFTPLUS)
         dout = _time_tile(DOUT, o_base, t0, offs_t, stride_ol, mask_d, t_end)
@@ -303,17 +315,20 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
             cur = prev
             dc_vals = ()                                        # dy h, for dC, in hs's order
             ys_new = ()
+            b8 = ()                                             # b8[s][j]: B[t0 + j] of state grp GS + s
+            c8 = ()
+            for s in tl.static_range(GS):
+                b8 = b8 + (_state_steps(BT, t_base, grp * GS + s, t0, offs_t, stride_tn, BLOCK_D),)
+                c8 = c8 + (_state_steps(CT, t_base, grp * GS + s, t0, offs_t, stride_tn, BLOCK_D),)
             for j in tl.static_range(8):
-                b = _state_row(b_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
-                c = _state_row(c_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
                 nxt = ()
                 yj = ys[j]
                 for s in tl.static_range(GS):
-                    hn = _decay(dts[j], a[grp * GS + s], FAST_EXP) * cur[s] + dtus[j] * b[s]
+                    hn = _decay(dts[j], a[grp * GS + s], FAST_EXP) * cur[s] + dtus[j] * b8[s][j]
                     nxt = nxt + (hn,)
                     dc_vals = dc_vals + (dys[j] * hn,)
                     if HAS_Z:
-                        yj += c[s] * hn
+                        yj += c8[s][j] * hn
                 cur = nxt
                 hs = hs + cur
                 ys_new = ys_new + (yj,)
@@ -335,8 +350,6 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
             gb_new = ()
             qa_new = ()
             for j in tl.static_range(7, -1, -1):
-                b = _state_row(b_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
-                c = _state_row(c_seg + (t0 + j - t_start) * DSTATE + grp * GS, GS, 1, BLOCK_D, GS, GS, False)
                 gbj, qaj = gb[j], qa[j]
                 dt_j, dtu_j, dy_j = dts[j], dtus[j], dys[j]
                 rg_next = ()
@@ -347,12 +360,12 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
                         hp = prev[s]
                     else:
                         hp = hs[(j - 1) * GS + s]
-                    g = rg[s] + c[s] * dy_j
-                    gbj += g * b[s]
+                    g = rg[s] + c8[s][j] * dy_j
+                    gbj += g * b8[s][j]
                     dbj = dbj + (g * dtu_j,)
-                    rn = _decay(dt_j, a[grp * GS + s], FAST_EXP) * g        # r_{t-1} = a_t g_t
-                    q = rn * hp                                   # g_t a_t h_{t-1}
-                    qaj += q * a[grp * GS + s]                          # A_n log2(e) q: scaled back below
+                    rn = _decay(dt_j, a[grp * GS + s], FAST_EXP) * g  # r_{t-1} = a_t g_t
+                    q = rn * hp                                     # g_t a_t h_{t-1}
+                    qaj += q * a[grp * GS + s]                      # A_n log2(e) q: scaled back below
                     dag_next = dag_next + (dag[s] + dt_j * q,)
                     rg_next = rg_next + (rn,)
                 rg, dag = rg_next, dag_next
@@ -409,6 +422,16 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELT
         tl.store(DBIAS_PART + v_offs, dbias_sum, mask=mask_d)
 
 
+def _state_major_rows(x: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """B or C, (batch, seqlen, dstate), as (batch, width, rows) float32: each state's steps
+    adjacent (_state_steps), zero past the sequence and past dstate. dstate values per step:
+    small beside the dim-wide u, delta and z."""
+    batch, seqlen, dstate = x.shape
+    out = torch.zeros(batch, width, rows, device=x.device, dtype=torch.float32)
+    out[:, :dstate, :seqlen] = x.transpose(1, 2)
+    return out
+
+
 def scan_backward(dout, u, delta, A, B, C, h_saved, interpreted: bool = False, *, D=None, z=None,
                   delta_bias=None, softplus: bool = False, state_every: int | None = None):
     """The gradients of forward.scan_forward's output in every input: (du, ddelta, dA, dB, dC,
@@ -429,18 +452,17 @@ def scan_backward(dout, u, delta, A, B, C, h_saved, interpreted: bool = False, *
     flags = _flags(D, z, delta_bias, softplus)
     bias = u if delta_bias is None else delta_bias
     gate = u if z is None else z
-    rows = n_seg * seg_len + 2 * T
-    B32 = _float_rows(B, rows, dstate_p, True)
-    C32 = _float_rows(C, rows, dstate_p, True)
-    prefetch = not interpreted
+    rows = n_seg * seg_len + 2 * T  # every tile the kernels read, a multiple of 16 (aligned state rows)
+    BT, CT = _state_major_rows(B, rows, dstate_p), _state_major_rows(C, rows, dstate_p)
     exact = dstate_p == dstate
     common = dict(BLOCK_D=block_d, DSTATE=dstate_p, GROUP=group, FAST_EXP=not interpreted, HAS_BIAS=flags["HAS_BIAS"],
-                  SOFTPLUS=flags["SOFTPLUS"], HAS_Z=flags["HAS_Z"], PREFETCH=prefetch, EXACT=exact,
+                  SOFTPLUS=flags["SOFTPLUS"], HAS_Z=flags["HAS_Z"], EXACT=exact,
                   num_warps=cfg["num_warps"])
     r_loc, decay = (torch.empty(batch, n_seg, dim, dstate, device=u.device, dtype=torch.float32) for _ in range(2))
     s_strides = _strides3(r_loc)
-    _seq_bwd_local_kernel[grid](delta, bias, A, C32, dout, gate, r_loc, decay, seqlen, seg_len, dim, dstate,
-                                *_strides3(delta), A.stride(0), A.stride(1), *_strides3(C32), *_strides3(dout),
+    _seq_bwd_local_kernel[grid](delta, bias, A, CT, dout, gate, r_loc, decay, seqlen, seg_len, dim, dstate,
+                                *_strides3(delta), A.stride(0), A.stride(1), CT.stride(0), CT.stride(1),
+                                *_strides3(dout),
                                 *_strides3(gate), *s_strides, **common)
     carried = torch.empty_like(r_loc)
     _carry_walk(r_loc, decay, carried, True, _blocks(dim, dstate, interpreted))
@@ -463,10 +485,10 @@ def scan_backward(dout, u, delta, A, B, C, h_saved, interpreted: bool = False, *
     dd_part, dbias_part = (da_part if t is None else t for t in vec_part)  # placeholders where not given
     # both (batch, n_seg, dim) when given: the kernel takes one pair of strides for the two
     v_strides = next(((t.stride(0), t.stride(1)) for t in vec_part if t is not None), (0, 0))
-    _seq_grads_kernel[grid](u, delta, bias, A, B32, C32, u if D is None else D, gate, dout, h_saved, carried,
+    _seq_grads_kernel[grid](u, delta, bias, A, BT, CT, u if D is None else D, gate, dout, h_saved, carried,
                             du, ddelta, dz, da_part, db_part, dc_part, dd_part, dbias_part, seqlen, seg_len, dim,
-                            dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), B32.stride(0),
-                            B32.stride(1), *_strides3(gate), *_strides3(dout), *_strides3(du), *_strides3(h_saved),
+                            dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), BT.stride(0),
+                            BT.stride(1), *_strides3(gate), *_strides3(dout), *_strides3(du), *_strides3(h_saved),
                             *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2), *v_strides, GS=gs, EVERY=every, HAS_D=flags["HAS_D"],
                             LANES=not interpreted,
                             **common)
