@@ -7,7 +7,10 @@ sequential one's gradient kernel (offline sm_90, 4 warps): ~5,600-5,800 instruct
 ~5,000 of them in the loop over 8-step tiles of 16 states, ~39 per state and step (the tile's
 forward again, the reverse walk, the lane reductions of dB and dC), at 255 registers, spilling
 628 B per thread with GS 2 and 44 B with GS 1. If issue-bound, ~1.5x faster than the chunked
-backward.
+backward. Outcome (`09363e9`, GS 1, the state-major row loads that cut its compile time, spilling
+1.2 kB; results/h200-2026-12-03-scan-backward-probe-09363e9.json): 4% slower (70.8 against 68.2
+ms at 1M x 512) with 40% less peak memory: not issue-bound (benchmarks/NOTES.md, twenty-third
+session).
 
 Each row: one shape (channels-first bf16 u, delta, z; D, delta_bias, softplus: the Mamba block's
 call), the forward with the states each backward takes, and the backward alone (median ms,

@@ -36,14 +36,14 @@ Steps past the sequence end have dt = 0 (a = 1, b = 0), dout = 0 and zero rows o
 0 there and they add nothing.
 
 Where it stands (twenty-third session, benchmarks/NOTES.md): within the rule in the interpreter
-and, on the H200, in 11 of its 12 test cases (none failed; the twelfth had not finished
-compiling). Not timed, and off by default: the gradient kernel takes ~5 minutes to compile
-(offline, sm_90) for the Mamba block's configuration. Its SASS (GS 1): ~5,800 instructions, most
-of them the tile loop's (FMUL 1,279, FFMA 1,054, LDG 604, FSEL 489, FADD 482, SHFL 352, MUFU
-347, BAR 96): ~39 per state and step if ~5,000 are the loop's, against ~63 for the chunked
-backward. Next: fewer instructions per reduction (GS 2 halves the barriers but spilled 628 B),
-the decays kept from the tile's forward part instead of recomputed, and a compile time users
-can wait for.
+and on the H200 (12 of 12 test cases, bf16 among them). Timed beside the chunked backward in one
+process (benchmarks/scan_backward_probe.py; channels-first bf16, dstate 16, the Mamba block's
+extras): 17.7 against 17.1 ms at 262k x 512, 70.8 against 68.2 ms at 1M x 512, with 0.95 against
+1.56 and 3.76 against 6.25 GiB of peak memory above the inputs. Not faster, so off by default: the
+gradient kernel takes 255 registers and spills ~1.2 kB per thread (offline sm_90), two 4-warp
+programs per SM, and each lane reduction ends in a cross-warp sum behind a barrier. Its SASS:
+~6,200 instructions, most of them the tile loop's (~39 per state and step against ~63 for the
+chunked backward): the instruction count was not what bounded it.
 """
 
 from __future__ import annotations
@@ -59,18 +59,19 @@ from .forward import (LOG2E, T, _channel_states, _decay, _segment_setup, _step_s
                       _tile_of_steps, _time_tile, config)
 from .scan import _blocks, _carry_walk, _flags, _sigmoid, _strides3
 
-# False: the interface runs the chunked backward kernels (scan_channels_first.py / scan.py), and
-# the forward saves their 32-step chunk states and decays instead.
+# False (the default: timed, not faster; the module docstring): the interface runs the chunked
+# backward kernels (scan_channels_first.py / scan.py), and the forward saves their 32-step chunk
+# states and decays instead.
 ENABLED = False
-# Steps between the states the forward saves for this backward: 8 (no recompute, 4x the states
-# of the chunked backward's 32-step chunks, half again their memory with its decays) or 16
-# (every other tile steps 8 steps forward again; the same memory as the chunked backward's states
-# and decays).
+# Steps between the states the forward saves for this backward: 8 (no recompute; twice the
+# memory of the chunked backward's 32-step states and decays) or 16 (every other tile steps 8
+# steps forward again; the same memory as theirs).
 STATE_EVERY = 16
 # States per group of the tile's forward-then-back walk: 8 steps x GS states kept in registers,
 # and 8 x GS values each of dB and dC per group for a lane reduction. Offline (sm_90, 4 warps, 255
-# registers): GS 4 spilled 1.3 kB per thread, 2 628 B, 1 44 B (with twice the reductions, each
-# with its barrier, of 2). benchmarks/scan_backward_probe.py times 1 and 2.
+# registers), with B's and C's rows loaded per step: GS 4 spilled 1.3 kB per thread, 2 628 B, 1
+# 44 B (twice the reductions of 2, each ending behind a barrier). With the state-major loads
+# (_state_steps, which cut the compile time 4x) GS 1 spills 1.2 kB. Only GS 1 has been timed.
 GS = 1
 
 
