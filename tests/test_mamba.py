@@ -405,9 +405,12 @@ def test_sequential_backward_rejects_states_of_another_spacing(device):
     inputs = {k: v.detach() if isinstance(v, torch.Tensor) else v
               for k, v in scan_inputs(1, 40, 8, 4, torch.float32, device, features=False).items()}
     args = (inputs["u"], inputs["delta"], inputs["A"], inputs["B"], inputs["C"], device.type != "cuda")
-    _, h, _ = forward.scan_forward(*args, state_every=8)
+    _, h, p = forward.scan_forward(*args, state_every=8)
+    assert p is None and h.shape == (1, 5, 8, 4)  # the state entering every 8 steps, no decays
     with pytest.raises(ValueError, match="h_saved must be"):
         backward.scan_backward(torch.randn_like(inputs["u"]), *args[:5], h, args[5], state_every=16)
+    with pytest.raises(ValueError, match="state_every must be a multiple of 8"):
+        forward.scan_forward(*args, state_every=12)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -490,9 +490,8 @@ def scan_backward(dout, u, delta, A, B, C, h_saved, interpreted: bool = False, *
                             du, ddelta, dz, da_part, db_part, dc_part, dd_part, dbias_part, seqlen, seg_len, dim,
                             dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), BT.stride(0),
                             BT.stride(1), *_strides3(gate), *_strides3(dout), *_strides3(du), *_strides3(h_saved),
-                            *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2), *v_strides, GS=gs, EVERY=every, HAS_D=flags["HAS_D"],
-                            LANES=not interpreted,
-                            **common)
+                            *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2), *v_strides, GS=gs,
+                            EVERY=every, HAS_D=flags["HAS_D"], LANES=not interpreted, **common)
     del carried
     dD, dbias = (None if t is None else t.sum((0, 1)) for t in vec_part)
     return (du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0), dD, dz if z is not None else None,
