@@ -20,10 +20,11 @@ and a float32 h_{t-1} = (h_t - b_t) / a_t is not usable (a_t reaches 1e-7). So:
   state_every; no decays: they are recomputed here);
 - the backward walks each segment back one 8-step tile at a time. For a tile it takes the saved
   state at or before the tile's start and steps forward to the tile's start (at STATE_EVERY 16,
-  every other tile recomputes 8 steps); then, GS = 4 states at a time, it steps forward through
-  the tile keeping the 8 states of each (32 registers), and back through it with g.
-- dB and dC of a tile and 4 states are 32 per-channel values each, summed over channels: on the
-  GPU a butterfly reduce-scatter over the warp's 32 lanes (`_lane_sums`: 31 exchanges for 32
+  every other tile recomputes 8 steps); then, GS states at a time (1 by default), it steps
+  forward through the tile keeping the 8 states of each, and back through it with g. B's and
+  C's 8 steps of a state come in one load from state-major copies (_state_steps).
+- dB and dC of a tile and GS states are 8 GS per-channel values each, summed over channels: on
+  the GPU a butterfly reduce-scatter over the warp's lanes (`_lane_sums`: N - 1 exchanges for N
   values, where a sum per value takes 5), then one sum over the program's warps. Each program
   writes its own partial sums (deterministic; the launcher adds the programs' partials).
 
@@ -41,8 +42,8 @@ process (benchmarks/scan_backward_probe.py; channels-first bf16, dstate 16, the 
 extras): 17.7 against 17.1 ms at 262k x 512, 70.8 against 68.2 ms at 1M x 512, with 0.95 against
 1.56 and 3.76 against 6.25 GiB of peak memory above the inputs. Not faster, so off by default: the
 gradient kernel takes 255 registers and spills ~1.2 kB per thread (offline sm_90), two 4-warp
-programs per SM, and each lane reduction ends in a cross-warp sum behind a barrier. Its SASS:
-~6,200 instructions, most of them the tile loop's (~39 per state and step against ~63 for the
+programs per SM, and each lane reduction ends in a cross-warp sum behind barriers. Its SASS:
+~6,200 instructions, at most ~48 per state and step of its tile loop (against ~63 for the
 chunked backward): the instruction count was not what bounded it.
 """
 
