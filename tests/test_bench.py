@@ -162,6 +162,19 @@ def test_bench_mixers_3d_tiles_mamba_runs_at_cpu_size(tmp_path, monkeypatch):
     assert scan_channels_first.ENABLED is True  # main() puts the flag back
 
 
+def test_bench_mixers_sequential_backward_flag(tmp_path):
+    """--mamba-sequential-backward: the Mamba block's results go to their own file, the metadata
+    says which backward ran, and the global flag (off by default) is put back after."""
+    from genoflash.ops.mamba import backward
+    assert backward.ENABLED is False
+    assert main(["bench", "mixers", "--cpu", "--mixers", "mamba", "--d-models", "16", "--mamba-sequential-backward",
+                 "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*mixers-seq-bwd.json")).read_text())
+    assert report["metadata"]["mamba_backward"] == "sequential (backward.py)"
+    assert set(report["results"]["16"]["mamba"]) == {"64", "128"}
+    assert backward.ENABLED is False
+
+
 def _fake_ssd_modules(monkeypatch, calls):
     """A stand-in for mamba_ssm's SSD entry point (the real one is measured on the GPU only)."""
     import sys

@@ -135,7 +135,9 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     the chunk states for the backward (`fwd_inference_ms` without them), or, with
     forward.ENABLED off, the chunked kernels'; `fwd_chunked_ms` times the chunked kernels too,
     in the same process. The backward is timed both ways: deterministic (the default) and with
-    atomic dB/dC (`deterministic=False`). channels_first: u, delta, z and dout as (batch, dim,
+    atomic dB/dC (`deterministic=False`), and, when ops/mamba/backward.py is switched on
+    (`--mamba-sequential-backward`), the sequential backward on its own saved states
+    (`bwd_sequential_ms`). channels_first: u, delta, z and dout as (batch, dim,
     seqlen) memory and the backward's state-loop kernels (scan_channels_first.py); else the
     3-D tiles of scan.py."""
     from ..ops.mamba import forward, scan, scan_channels_first
@@ -171,6 +173,13 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     bwd_ms = _time(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay, **extras), device)
     bwd_atomic_ms = _time(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay, deterministic=False,
                                                         **extras), device)
+    from ..ops.mamba import backward
+    sequential = {}
+    if backward.ENABLED and forward.ENABLED:  # the sequential backward beside them, on its own saved states
+        del h0, decay
+        _, h_saved, _ = forward.scan_forward(u, delta, A, B, C, **extras, state_every=backward.STATE_EVERY)
+        sequential["bwd_sequential_ms"] = _time(lambda: backward.scan_backward(dout, u, delta, A, B, C, h_saved,
+                                                                                **extras), device)
     ld, ln, e = seqlen * d_inner, seqlen * dstate, u.element_size()
     fwd_bytes = e * (4 * ld + 2 * ln)
     bwd_bytes = e * (7 * ld + 2 * ln) + 2 * 4 * ln
@@ -183,7 +192,7 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
             "fwd_inference_gbps": fwd_bytes / (fwd_inference_ms * 1e-3) / 1e9,
             "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
             "bwd_atomic_ms": bwd_atomic_ms, "bwd_atomic_gbps": bwd_bytes / (bwd_atomic_ms * 1e-3) / 1e9,
-            "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
+            "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes, **sequential}
 
 
 def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstate: int = 128,
@@ -352,20 +361,25 @@ def main(argv: list[str]) -> int:
                         help="the Mamba block and the scan timings take scan.py's 3-D tiles on channels-last "
                              "activations instead of the channels-first state-loop kernels (the default, "
                              "ops/mamba/scan_channels_first.py)")
+    parser.add_argument("--mamba-sequential-backward", action="store_true",
+                        help="the Mamba block's scan backward is ops/mamba/backward.py's sequential one (off by "
+                             "default: timed no faster, with less memory); the scan timings add it beside the "
+                             "chunked backward (bwd_sequential_ms)")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         print("genoflash bench mixers needs a CUDA GPU (or --cpu for a tiny run)", flush=True)
         return 2
-    from ..ops.mamba import scan_channels_first
+    from ..ops.mamba import backward, scan_channels_first
     # Read by the Mamba block and the scan timing; restored after, for callers in this process.
-    previous = scan_channels_first.ENABLED
+    previous = scan_channels_first.ENABLED, backward.ENABLED
     scan_channels_first.ENABLED = not args.mamba_3d_tiles
+    backward.ENABLED = args.mamba_sequential_backward
     try:
         return _run(args, torch.device("cpu" if args.cpu else "cuda"))
     finally:
-        scan_channels_first.ENABLED = previous
+        scan_channels_first.ENABLED, backward.ENABLED = previous
 
 
 def _run(args, device: torch.device) -> int:
@@ -381,8 +395,11 @@ def _run(args, device: torch.device) -> int:
         seqlens = [n for n in (64, 128) if n <= args.max_seqlen] or [args.max_seqlen]
     metadata = run_metadata(dtype=str(dtype), method="one layer fwd+bwd at batch 1; median of do_bench (GPU) or of "
                                                      "3 perf_counter runs (CPU); peak = max_memory_allocated",
-                            mamba_scan="3-D tiles" if args.mamba_3d_tiles else "channels-first state loop")
-    stem = results_stem(args.out, metadata, "mixers-3d-tiles" if args.mamba_3d_tiles else "mixers")
+                            mamba_scan="3-D tiles" if args.mamba_3d_tiles else "channels-first state loop",
+                            mamba_backward="sequential (backward.py)" if args.mamba_sequential_backward
+                            else "chunked")
+    name = "mixers-3d-tiles" if args.mamba_3d_tiles else "mixers"
+    stem = results_stem(args.out, metadata, name + ("-seq-bwd" if args.mamba_sequential_backward else ""))
     report = {"metadata": metadata, "results": {}}
 
     def save():
