@@ -371,7 +371,8 @@ def test_sequential_backward_within_the_rule(case, device, monkeypatch):
     torch.manual_seed(31 + len(case))
     dtype = (torch.bfloat16 if HAS_CUDA else torch.float16) if case.startswith("odd") else torch.float32
     dstate = {"states-1": 1, "states-2": 2, "features": 16}.get(case, 5)
-    dim = 40 if HAS_CUDA else 36  # two programs' channels, the second partial (32 per program in the interpreter)
+    # two programs' channels, the second partial (128 per program on the GPU, 32 in the interpreter)
+    dim = 160 if HAS_CUDA else 36
     seqlen = {"one-step": 1, "long-segments": 129, "odd-16-bit": 61}.get(case, 45)
     inputs = scan_inputs(2, seqlen, dim, dstate, dtype, device, features=case != "no-extras")
     if case == "channels-first":
