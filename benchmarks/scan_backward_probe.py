@@ -23,25 +23,20 @@ the chunked backward's relative to its largest value. Saved after every row.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 
 import torch
-import triton
 
 from genoflash.bench.mixers import _time
+from genoflash.bench.records import run_metadata
 from genoflash.ops.mamba import backward, forward, scan_channels_first
 
 NAMES = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
 
 
 def _save(path, rows):
-    meta = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                commit=os.environ.get("GENOFLASH_COMMIT", "unknown"), torch=torch.__version__,
-                triton=triton.__version__, cuda=torch.version.cuda)
     with open(path, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        json.dump(dict(meta=run_metadata(), rows=rows), f, indent=1)
 
 
 def main() -> None:

@@ -56,8 +56,8 @@ import triton
 import triton.language as tl
 
 from ..host import cdiv, switched
-from .forward import (LOG2E, T, _channel_states, _decay, _segment_setup, _step_sizes, _steps, _store_states,
-                      _tile_of_steps, _time_tile, config)
+from .forward import (LOG2E, T, _channel_states, _chunk_decays, _decay, _segment_setup, _step_sizes, _steps,
+                      _store_states, _tile_of_steps, _time_tile, _zero_states, config)
 from .scan import _blocks, _carry_walk, _flags, _sigmoid, _strides3
 
 # False (the default: timed, not faster; the module docstring): the interface runs the chunked
@@ -90,22 +90,11 @@ def _lane_id(like):
 
 @triton.jit
 def _shfl_xor(x, OFFSET: tl.constexpr):
-    """x from the lane whose id differs from this one's in bit OFFSET (shfl.sync.bfly)."""
-    if OFFSET == 16:
-        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 16, 0x1f, 0xffffffff;", "=f,f", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    elif OFFSET == 8:
-        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 8, 0x1f, 0xffffffff;", "=f,f", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    elif OFFSET == 4:
-        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 4, 0x1f, 0xffffffff;", "=f,f", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    elif OFFSET == 2:
-        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 0x1f, 0xffffffff;", "=f,f", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, 0xffffffff;", "=f,f", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+    """x from the lane whose id differs from this one's in bit OFFSET (shfl.sync.bfly; the
+    constant offset reaches ptxas as an immediate)."""
+    offset = tl.full(x.shape, OFFSET, tl.int32)
+    return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r", [x, offset],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -197,7 +186,7 @@ def _seq_bwd_local_kernel(DELTA, DELTA_BIAS, A, CT, DOUT, Z, R_LOC, P, seqlen, s
     t_end = tl.minimum(t_start + seg_len, seqlen)
     t_base = b64 * stride_tb  # C's state-major copy (_state_steps)
     n_tiles = tl.cdiv(t_end - t_start, 8)
-    r = _zero_like_states(BLOCK_D, DSTATE)
+    r = _zero_states(BLOCK_D, DSTATE)
     dt_sum = tl.zeros([BLOCK_D], tl.float32)
     for i in range(n_tiles):
         t0 = t_start + (n_tiles - 1 - i) * 8
@@ -220,18 +209,7 @@ def _seq_bwd_local_kernel(DELTA, DELTA_BIAS, A, CT, DOUT, Z, R_LOC, P, seqlen, s
         r = nxt
     s_offs = b64 * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd
     _store_states(R_LOC, s_offs, mask_d, r, dstate, DSTATE, GROUP, EXACT)
-    p = ()
-    for n in tl.static_range(DSTATE):
-        p = p + (_decay(dt_sum, a[n], FAST_EXP),)
-    _store_states(P, s_offs, mask_d, p, dstate, DSTATE, GROUP, EXACT)
-
-
-@triton.jit
-def _zero_like_states(BLOCK_D: tl.constexpr, DSTATE: tl.constexpr):
-    h = ()
-    for n in tl.static_range(DSTATE):
-        h = h + (tl.zeros([BLOCK_D], tl.float32),)
-    return h
+    _store_states(P, s_offs, mask_d, _chunk_decays(a, dt_sum, DSTATE, FAST_EXP), dstate, DSTATE, GROUP, EXACT)
 
 
 @triton.jit
@@ -269,7 +247,7 @@ def _seq_grads_kernel(U, DELTA, DELTA_BIAS, A, BT, CT, D, Z, DOUT, H, X, DU, DDE
     r = _channel_states(X, b64 * stride_xb + seg.to(tl.int64) * stride_xc + offs_d * stride_xd, mask_d, 1, dstate,
                         1.0, DSTATE)
     # dA's terms summed over the segment, per state; dD's and d delta_bias's per channel
-    da = _zero_like_states(BLOCK_D, DSTATE)
+    da = _zero_states(BLOCK_D, DSTATE)
     dd_sum = tl.zeros([BLOCK_D], tl.float32)
     dbias_sum = tl.zeros([BLOCK_D], tl.float32)
     idx = tl.arange(0, 32)
