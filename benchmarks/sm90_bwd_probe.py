@@ -4,9 +4,10 @@ two-pass backward, on one GPU, same inputs.
 1. Correctness at small, odd sizes: each backward's gradients against a float64 reference, beside
    the error of standard attention computed in the same dtype (the project's rule: genoflash's
    error <= 2x that + eps).
-2. Time: the backward alone (do_bench median, two alternating runs) on the genomic shapes, with
-   fwd+bwd TF/s by the standard formula (3.5x the forward's 4·B·H·N²·D, halved when causal),
-   and cuDNN's fwd+bwd through SDPA in the same process.
+2. Time: the backward alone (do_bench median, two alternating runs) on the genomic shapes and
+   hd256 points of the papers' sweep, with fwd+bwd TF/s by the standard formula (3.5x the
+   forward's 4·B·H·N²·D, halved when causal), and cuDNN's and FA2's (SDPA's flash backend) fwd+bwd
+   in the same process.
 
     python benchmarks/sm90_bwd_probe.py --out X.json [--skip-time] [--only NAMES] [--head-dim 64]
 """
@@ -44,6 +45,14 @@ TIMED = [
     ("H32 N16k hd64", 1, 32, 16384, 64, False),
     ("B8 H16 N2k hd128", 8, 16, 2048, 128, False),
     ("B8 H16 N2k hd128 causal", 8, 16, 2048, 128, True),
+    # hd256: the papers' sweep (16k tokens per batch, hidden 2048), where FA2 led the two passes
+    ("B2 H8 N8k hd256", 2, 8, 8192, 256, False),
+    ("B2 H8 N8k hd256 causal", 2, 8, 8192, 256, True),
+    ("B1 H8 N16k hd256", 1, 8, 16384, 256, False),
+    ("B8 H8 N2k hd256", 8, 8, 2048, 256, False),
+    ("B8 H8 N2k hd256 causal", 8, 8, 2048, 256, True),
+    ("B32 H8 N512 hd256", 32, 8, 512, 256, False),
+    ("B32 H8 N512 hd256 causal", 32, 8, 512, 256, True),
 ]
 
 
@@ -118,11 +127,18 @@ def time(rows, only=None):
                 o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                 torch.autograd.grad(o, (qt, kt, vt), dt)
         cudnn_ms = triton.testing.do_bench(cudnn, warmup=25, rep=100, return_mode="median")
+
+        def fa2():  # SDPA's flash backend: the papers' sweep's peer
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                torch.autograd.grad(o, (qt, kt, vt), dt)
+        fa2_ms = triton.testing.do_bench(fa2, warmup=25, rep=100, return_mode="median")
         for vname, ts in times.items():
             bwd = min(ts)
             row = dict(shape=name, variant=vname, fwd_ms=fwd, bwd_ms_runs=ts, bwd_ms=bwd,
                        fwd_bwd_tflops=3.5 * flops / (fwd + bwd) * 1e-9, max_rel_diff_vs_two_pass=diffs[vname],
-                       cudnn_fwd_bwd_tflops=3.5 * flops / cudnn_ms * 1e-9)
+                       cudnn_fwd_bwd_tflops=3.5 * flops / cudnn_ms * 1e-9,
+                       sdpa_flash_fwd_bwd_tflops=3.5 * flops / fa2_ms * 1e-9)
             rows.append(row)
             print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
 """The Gluon one-pass backward for Hopper (ops/attention/backward_sm90.py).
 
-deterministic=False (the default) takes it on an sm_90 GPU for 16-bit attention with head dim 64 or 128,
+deterministic=False (the default) takes it on an sm_90 GPU for 16-bit attention with head dim 64, 128 or 256,
 fixed lengths, full or causal, no other feature. On the GPU each case is checked against a
 float64 reference under the error rule, with every allocation NaN-poisoned and the dispatch
 watched, so that a silent fall back to the triton backward fails the test. Where it must not be
@@ -67,7 +67,7 @@ def _check(q, k, v, dout, calls, **features):
     (2, 1, 1), (2, 17, 17), (1, 129, 129), (2, 1000, 1000), (1, 300, 1200), (1, 1200, 300), (3, 257, 513),
     (1, 2048, 2048),
 ])
-@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("d", [128, 64, 256])
 def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype, d, sm90_calls):
     torch.manual_seed(seqlen_q * 31 + seqlen_k + d)
     q, k, v, dout = _qkv(batch, seqlen_q, seqlen_k, 2, 2, d, dtype)
@@ -78,7 +78,7 @@ def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype
 @pytest.mark.gpu
 @pytest.mark.usefixtures("poison_allocations")
 @pytest.mark.parametrize("nheads_k", [2, 1], ids=["gqa", "mqa"])
-@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("d", [128, 64, 256])
 def test_gluon_backward_gqa(nheads_k, d, sm90_calls):
     """Each program streams the query tiles of every query head in its K/V head's group."""
     torch.manual_seed(40 + nheads_k)
@@ -89,10 +89,11 @@ def test_gluon_backward_gqa(nheads_k, d, sm90_calls):
 @sm90
 @pytest.mark.gpu
 @pytest.mark.usefixtures("poison_allocations")
-def test_gluon_backward_strided_inputs(sm90_calls):
+@pytest.mark.parametrize("d", [128, 256])
+def test_gluon_backward_strided_inputs(d, sm90_calls):
     """Views of (batch, nheads, seqlen, headdim) buffers: the descriptors take any 16-byte aligned strides."""
     torch.manual_seed(41)
-    q, k, v, dout = (torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    q, k, v, dout = (torch.randn(2, 4, 333, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                      for _ in range(4))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     assert not q.is_contiguous()
@@ -134,7 +135,8 @@ def test_dispatch_rule():
     causal = AttentionArgs(0.1, -1, 0, deterministic=False)
     assert backward_sm90.supports(*tensors(), args) and backward_sm90.supports(*tensors(), causal)
     assert backward_sm90.supports(*tensors(64), args) and not backward_sm90.supports(*tensors(96), args)
-    assert not backward_sm90.supports(*tensors(128, 64), args) and not backward_sm90.supports(*tensors(256), args)
+    assert not backward_sm90.supports(*tensors(128, 64), args) and backward_sm90.supports(*tensors(256), args)
+    assert not backward_sm90.supports(*tensors(192), args) and not backward_sm90.supports(*tensors(256, 128), args)
     assert not backward_sm90.supports(*tensors(dtype=torch.float32), args)
     for other in (AttentionArgs(0.1, 30, 30), AttentionArgs(0.1, softcap=5.0),
                   AttentionArgs(0.1, alibi_slopes=torch.rand(4)), AttentionArgs(0.1, dropout=DropoutArgs(0.1, 1, 0))):
@@ -145,7 +147,7 @@ def test_dispatch_rule():
     # Not on a CPU tensor, nor with deterministic=True, nor under the interpreter.
     assert not backward_sm90.applies(q, k, v, dout, out, args)
     if ON_SM90:  # from MIN_SEQLEN queries or keys on, per head dim
-        for d in (128, 64):
+        for d in (128, 64, 256):
             shortest, shortest_causal = backward_sm90.MIN_SEQLEN[d], backward_sm90.MIN_SEQLEN_CAUSAL[d]
             g = [t.cuda() for t in tensors(d, n=shortest)]
             assert backward_sm90.applies(*g, args) and not backward_sm90.applies(*g, AttentionArgs(0.1))
@@ -159,23 +161,27 @@ def test_dispatch_rule():
 
 
 @pytest.mark.usefixtures("poison_allocations")
-def test_light_passes_around_the_gluon_kernel(device):
+@pytest.mark.parametrize("dq_t", [False, True], ids=["dq", "dq-transposed"])
+def test_light_passes_around_the_gluon_kernel(device, dq_t):
     """The two triton passes around the Gluon kernel (the interpreter runs them on the CPU): the
     prologue's delta, lse2 (padding rows and a row that saw no key at +inf) and zeroed dQ
-    accumulator, in the padded (batch * heads, seqlen_pad) layout; the epilogue's scaled dQ in q's
-    strided layout. Every buffer starts NaN-poisoned."""
+    accumulator, in the padded (batch * heads, seqlen_pad) layout (the wide kernel's: dQ^T,
+    (batch * heads, d, seqlen_pad)); the epilogue's scaled dQ in q's strided layout. Every buffer
+    starts NaN-poisoned."""
     torch.manual_seed(43)
     batch, seqlen, nheads, d = 2, 129, 3, 128
+    accum_shape = (batch * nheads, d, 256) if dq_t else (batch * nheads, 256, d)
     pad = 256  # 129 rows padded to STAT_PAD
     out = torch.randn(batch, seqlen, nheads, d, device=device, dtype=torch.float16)
     dout = torch.randn(batch, nheads, seqlen, d, device=device, dtype=torch.float16).transpose(1, 2)
     lse = torch.randn(batch, nheads, seqlen, device=device)
     lse[1, 2, 5] = float("-inf")
     delta, lse2 = (torch.empty(batch * nheads, pad, device=device) for _ in range(2))
-    accum = torch.empty(batch * nheads, pad, d, device=device)
+    accum = torch.empty(accum_shape, device=device)
     backward_sm90._bwd_sm90_prologue_kernel[(pad // 64, batch * nheads)](
         out, dout, lse, delta, lse2, accum, out.stride(0), out.stride(1), out.stride(2), dout.stride(0),
-        dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen, pad, HEAD_DIM=d, BLOCK=64)
+        dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen, pad, HEAD_DIM=d, BLOCK=64,
+        DQ_T=dq_t)
     want_delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).reshape(batch * nheads, seqlen)
     torch.testing.assert_close(delta[:, :seqlen], want_delta, rtol=1e-5, atol=1e-4)
     assert (delta[:, seqlen:] == 0).all()
@@ -185,11 +191,13 @@ def test_light_passes_around_the_gluon_kernel(device):
     assert lse2[1 * nheads + 2, 5] == float("inf") and (lse2[:, seqlen:] == float("inf")).all()
     assert (accum == 0).all()
 
-    accum = torch.randn(batch * nheads, pad, d, device=device)
+    accum = torch.randn(accum_shape, device=device)
     dq = torch.empty(batch, nheads, seqlen, d, device=device, dtype=torch.float16).transpose(1, 2)
     backward_sm90._bwd_sm90_dq_kernel[(pad // 64, batch * nheads)](
-        accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen, pad, 0.125, HEAD_DIM=d, BLOCK=64)
-    want = (accum[:, :seqlen] * 0.125).view(batch, nheads, seqlen, d).transpose(1, 2).half()
+        accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen, pad, 0.125, HEAD_DIM=d, BLOCK=64,
+        DQ_T=dq_t)
+    rows = accum.transpose(1, 2) if dq_t else accum  # (batch * heads, seqlen_pad, d)
+    want = (rows[:, :seqlen] * 0.125).reshape(batch, nheads, seqlen, d).transpose(1, 2).half()
     assert torch.equal(dq, want)
 
 
@@ -210,6 +218,7 @@ def test_descriptors_equal_gluon_s_checked_constructor(unchecked, monkeypatch):
     q = torch.randn(2, 130, 6, 128, dtype=torch.bfloat16)[:, :, 1:5]  # a head slice: the parent's strides
     stat = torch.randn(8, 256)
     accum = torch.randn(8, 256, 64)
+    accum_t = torch.randn(8, 256, 384)
     tile = gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16)
     want = [
         (backward_sm90._tile_descriptor(q, 64),
@@ -217,9 +226,13 @@ def test_descriptors_equal_gluon_s_checked_constructor(unchecked, monkeypatch):
                           gl.NVMMASharedLayout(tile.swizzle_byte_width, tile.element_bitwidth, rank=4))),
         (backward_sm90._stat_descriptor(stat, 64),
          TensorDescriptor(stat, [stat.numel()], [1], [64], gl.NVMMASharedLayout(0, 32, rank=1))),
-        (backward_sm90._accum_descriptor(accum, 64),
+        (backward_sm90._accum_descriptor(accum, 64, 64),
          TensorDescriptor(accum.view(-1, 64), [8 * 256, 64], [64, 1], [64, 64],
                           gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32))),
+        # The wide kernel's dQ^T accumulator, (batch * heads, 256, seqlen_pad), one (256, 32) box.
+        (backward_sm90._accum_descriptor(accum_t, 32, 256),
+         TensorDescriptor(accum_t.view(-1, 384), [8 * 256, 384], [384, 1], [256, 32],
+                          gl.NVMMASharedLayout.get_default_for([256, 32], gl.float32))),
     ]
     for got, ref in want:
         assert type(got) is TensorDescriptor

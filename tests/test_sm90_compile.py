@@ -70,10 +70,12 @@ def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
 
 
 @pytest.mark.parametrize("case", ["plain 128 --sm90-backward", "plain 128 --sm90-backward --causal --gqa",
-                                  "plain 128 --sm90-backward --causal --dtype float16"])
+                                  "plain 128 --sm90-backward --causal --dtype float16",
+                                  "plain 256 --sm90-backward --causal --gqa"])
 def test_gluon_backward_compiles_for_sm90_without_spills(case):
     """The Gluon one-pass backward (backward_sm90.py) builds for sm_90: its compute warps run at 240
-    registers (setmaxnreg) beside two 24-register copy warps, where a spill would cost every step."""
+    registers (setmaxnreg) beside two 24-register copy warps, where a spill would cost every step.
+    At head dim 256 (the wide kernel) each warpgroup holds a 64 x 256 float32 accumulator."""
     out = _offline_compile(case)
     lines = [line for line in out.stdout.splitlines() if "_attn_bwd_sm90_kernel " in line]
     assert len(lines) == 1, out.stdout

@@ -64,10 +64,13 @@ from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 # with K and V held in registers (SMALL_HEAD below): backward 12.83 against the two passes'
 # 15.79 ms at H32 N16k bf16 (results/h200-2026-12-01-sm90-bwd-hd64-c377aea.json); without that, 16.5
 # against 15.8 (NOTES.md, nineteenth session). Larger query steps at hd64 spilled.
-TILES = {128: (64, 128), 64: (64, 128)}
+# Head dim 256: the wide kernel (32 query rows per step, 64 keys per program, one accumulator per
+# warpgroup; see _bwd_wide_p_partition).
+TILES = {128: (64, 128), 64: (64, 128), 256: (32, 64)}
 # Launch settings of the main kernel: 8 compute warps (its load and dQ warps come on top, from
-# gl.warp_specialize). num_stages does nothing in a Gluon kernel, which places its own buffers.
-_MAIN_TILES = {d: TileConfig(m, n, num_warps=8, num_stages=3) for d, (m, n) in TILES.items()}
+# gl.warp_specialize); the wide kernel launches its P warpgroup (4 warps) and adds the dS warpgroup
+# as a worker. num_stages does nothing in a Gluon kernel, which places its own buffers.
+_MAIN_TILES = {d: TileConfig(m, n, num_warps=4 if d > 128 else 8, num_stages=3) for d, (m, n) in TILES.items()}
 # Shorter sequences keep the triton passes: the shortest length (of queries or keys) per head dim.
 # Until 2026-12-01 this path paid ~0.9 ms of host time per backward more than the two passes (a
 # free-memory query that waited for the device, triton's binding for three launches, seven checked
@@ -81,8 +84,8 @@ _MAIN_TILES = {d: TileConfig(m, n, num_warps=8, num_stages=3) for d, (m, n) in T
 #   hd128 full   512 305.1 / 293.8, 1,024 390.0 / 353.0, 2,048 442.2 / 407.0, 4,096 474.1 / 419.2
 #   hd128 causal 512 123.7 / 157.5, 1,024 282.6 / 272.9, 2,048 366.1 / 339.6, 4,096 425.2 / 372.3
 # An int applies to every head dim (tests and probes set 0 to take this path at any length).
-MIN_SEQLEN: dict[int, int] | int = {64: 1024, 128: 512}
-MIN_SEQLEN_CAUSAL: dict[int, int] | int = {64: 2048, 128: 1024}
+MIN_SEQLEN: dict[int, int] | int = {64: 1024, 128: 512, 256: 512}
+MIN_SEQLEN_CAUSAL: dict[int, int] | int = {64: 2048, 128: 1024, 256: 512}
 
 
 def _shortest(limits: dict[int, int] | int, head_dim: int) -> int:
@@ -106,7 +109,7 @@ STAT_PAD = 128  # lse2 / delta rows are padded to this, so that every TMA box li
 @triton.jit
 def _bwd_sm90_prologue_kernel(OUT, DOUT, LSE, DELTA, LSE2, DQ_ACCUM, stride_ob, stride_om, stride_oh, stride_dob,
                               stride_dom, stride_doh, stride_lse_b, stride_lse_h, nheads, seqlen_q, seqlen_pad,
-                              HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+                              HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, DQ_T: tl.constexpr):
     """Per query row, float32, in (batch * heads, seqlen_pad) buffers: delta = rowsum(O * dO) and
     lse2 = lse * log2(e) (+inf for a row that sees no key and for the padding rows, so that their
     P = exp2(-inf) = 0); and dQ's accumulator rows set to 0. The padding lets every TMA box of the
@@ -127,20 +130,29 @@ def _bwd_sm90_prologue_kernel(OUT, DOUT, LSE, DELTA, LSE2, DQ_ACCUM, stride_ob, 
     row = bh * seqlen_pad + start  # of the padded (batch * heads, seqlen_pad) buffers
     tl.store(_row_ptr(DELTA, row, 1) + offs, delta)
     tl.store(_row_ptr(LSE2, row, 1) + offs, _lse_for_recompute(lse))
-    accum = _row_ptr(DQ_ACCUM, row, HEAD_DIM)
-    _store_tile(accum, tl.zeros([BLOCK, HEAD_DIM], tl.float32), offs, BLOCK, HEAD_DIM, cols, HEAD_DIM, HEAD_DIM)
+    tl.store(_accum_tile(DQ_ACCUM, bh, start, seqlen_pad, offs, cols, HEAD_DIM, DQ_T),
+             tl.zeros([BLOCK, HEAD_DIM], tl.float32))
+
+
+@triton.jit
+def _accum_tile(DQ_ACCUM, bh, start, seqlen_pad, offs, cols, HEAD_DIM: tl.constexpr, DQ_T: tl.constexpr):
+    """Pointers to rows start + offs of head bh's dQ accumulator, (seqlen_pad, HEAD_DIM) per head,
+    or (HEAD_DIM, seqlen_pad) with DQ_T (the wide kernel sums dQ^T); int64 as tiles.py's bases."""
+    base = DQ_ACCUM + bh.to(tl.int64) * seqlen_pad * HEAD_DIM
+    if DQ_T:
+        return base + cols[None, :].to(tl.int64) * seqlen_pad + (start + offs)[:, None]
+    return base + (start + offs)[:, None].to(tl.int64) * HEAD_DIM + cols[None, :]
 
 
 @triton.jit
 def _bwd_sm90_dq_kernel(DQ_ACCUM, DQ, stride_dqb, stride_dqm, stride_dqh, nheads, seqlen_q, seqlen_pad,
-                        softmax_scale, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+                        softmax_scale, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, DQ_T: tl.constexpr):
     """dQ = softmax_scale * the summed accumulator, in q's layout and dtype."""
     start = tl.program_id(0) * BLOCK
     bh = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
     cols = tl.arange(0, HEAD_DIM)
-    accum = _load_tile(_row_ptr(DQ_ACCUM, bh * seqlen_pad + start, HEAD_DIM), offs, BLOCK, HEAD_DIM, cols,
-                       HEAD_DIM, HEAD_DIM, False)
+    accum = tl.load(_accum_tile(DQ_ACCUM, bh, start, seqlen_pad, offs, cols, HEAD_DIM, DQ_T))
     dq = _row_ptr(_head_base(DQ, bh // nheads, bh % nheads, stride_dqb, stride_dqh), start, stride_dqm)
     _store_tile(dq, accum * softmax_scale, offs, seqlen_q - start, stride_dqm, cols, HEAD_DIM, HEAD_DIM)
 
@@ -187,13 +199,18 @@ def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, 
 
 @gluon.jit
 def _bwd_dq_partition(dq_desc, dq_smem, dq_full, dq_empty, n_steps, n_m, m_first, off_b, off_hk, kv_group, nheads,
-                      seqlen_pad, BLOCK_M: gl.constexpr):
+                      seqlen_pad, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_T: gl.constexpr):
     """One warp: each step's dQ share, left in shared memory by the compute warps, goes to the float32
-    accumulator as one bulk reduction by the copy engine; the buffer is handed back once read."""
+    accumulator as one bulk reduction by the copy engine; the buffer is handed back once read.
+    DQ_T (the wide kernel): the share is dQ^T, (HEAD_DIM, BLOCK_M), and the accumulator
+    (batch * heads * HEAD_DIM, seqlen_pad)."""
     for i in range(n_steps):
         mbarrier.wait(dq_full.index(0), i & 1)
         off_h, m0 = _step_coords(i, n_m, m_first, off_hk, kv_group, BLOCK_M)
-        _tma_reduce_add(dq_desc, [(off_b * nheads + off_h) * seqlen_pad + m0, 0], dq_smem)
+        if DQ_T:
+            _tma_reduce_add(dq_desc, [(off_b * nheads + off_h) * HEAD_DIM, m0], dq_smem)
+        else:
+            _tma_reduce_add(dq_desc, [(off_b * nheads + off_h) * seqlen_pad + m0, 0], dq_smem)
         tma.store_wait(0)  # dq_smem has been read (the sum itself completes in L2 on its own)
         mbarrier.arrive(dq_empty.index(0))
 
@@ -295,6 +312,158 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_sme
              dv.to(dtype), mask=kv_mask)
 
 
+# The wide kernel (head dim 256). dK and dV of a 64-key tile are 2 x 64 x 256 float32: 128 registers
+# a thread over both warpgroups, so the two warpgroups cannot each own half of the keys as above
+# (wgmma's rows come in 64s per warpgroup). Each warpgroup owns one accumulator instead, over all
+# 64 keys and all 256 channels: the "P" warpgroup S^T, P^T and dV, the "dS" warpgroup dP^T, dS^T and
+# dK. P^T crosses from the first to the second through shared memory, and dS^T the other way; dQ^T
+# (256 x BLOCK_M, K^T dS^T, so that its rows are the head dim's and come in 64s) splits its rows over
+# the two. Per step, 5 matmuls against the two triton passes' 7. 32 query rows per step keep
+# shared memory within the H200's 227 KB: K and V 64 KB, Q and dO 2 x 32 KB, P^T and dS^T 16 KB,
+# dQ^T 32 KB.
+
+
+@gluon.constexpr_function
+def _wide_layouts(BLOCK_M, HEAD_DIM):
+    """One warpgroup's wgmma layouts: S^T-shaped tiles (keys or channels as rows, BLOCK_M query
+    columns), a (BLOCK_N, HEAD_DIM) accumulator, and the left-operand layout of P^T / dS^T from
+    registers (the S^T accumulator's fragment is already it: the conversion moves no data)."""
+    s_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    return s_layout, acc_layout, gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+
+@gluon.jit
+def _store_rows(ptr, stride_b, stride_h, stride_n, off_b, off_hk, n0, seqlen_k, value, layout: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """A (BLOCK_N, HEAD_DIM) tile of dK or dV at key n0 (rows past seqlen_k left out)."""
+    rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))).to(gl.int64)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    b64 = off_b.to(gl.int64)  # a batch offset passes 2^31 elements at genome scale
+    gl.store(ptr + b64 * stride_b + off_hk * stride_h + rows[:, None] * stride_n + cols[None, :], value,
+             mask=rows[:, None] < seqlen_k)
+
+
+@gluon.jit
+def _wide_dq_share(kt_rows, ds_buf, dqt_zero, dq_smem_rows, acc, acc_tok, dq_full, dq_empty, i):
+    """This warpgroup's rows of dQ^T = K^T dS^T into dQ's shared buffer, once the dQ warp has
+    taken the previous step's; waits for this step's accumulator matmul too. Returns it."""
+    dq_tok = warpgroup_mma(kt_rows, ds_buf, dqt_zero, use_acc=False, is_async=True)
+    acc, dqt = warpgroup_mma_wait(0, deps=[acc_tok, dq_tok])
+    mbarrier.wait(dq_empty.index(0), (i & 1) ^ 1)
+    dq_smem_rows.store(dqt)
+    fence_async_shared()
+    gl.thread_barrier()  # the warpgroup's rows are all in dq_smem, and its matmuls have read Q, dO, dS^T
+    mbarrier.arrive(dq_full.index(0))
+    return acc
+
+
+@gluon.jit
+def _bwd_wide_p_partition(k_smem, q_smem, do_smem, lse2_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free, p_full,
+                          p_empty, ds_full, ds_empty, dq_full, dq_empty, DV, stride_dvb, stride_dvn, stride_dvh,
+                          n_steps, n_m, m_first, off_b, off_hk, n0, diag, seqlen_k, qk_scale_log2,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr):
+    """The P warpgroup (the default partition, 4 warps): S^T = K Q^T, P^T (to the dS warpgroup),
+    dV += P^T dO, and dQ^T's first HEAD_DIM / 2 rows."""
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = _wide_layouts(BLOCK_M, HEAD_DIM)[0]
+    acc_layout: gl.constexpr = _wide_layouts(BLOCK_M, HEAD_DIM)[1]
+    a_layout: gl.constexpr = _wide_layouts(BLOCK_M, HEAD_DIM)[2]
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of S^T)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # one value per key
+    HALF: gl.constexpr = HEAD_DIM // 2
+    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    kt_rows = k_tile.slice(0, HALF, dim=1).permute((1, 0))  # K^T's first HALF rows, for dQ^T
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dqt_zero = gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
+    keys = n0 + gl.arange(0, BLOCK_N, layout=row_layout)
+    mbarrier.wait(kv_bar.index(0), 0)
+
+    for i in range(n_steps):
+        buf = i % NUM_BUF
+        pb = i % 2  # P^T / dS^T buffer: each is reused every second step
+        mbarrier.wait(ready.index(buf), (i // NUM_BUF) & 1)
+        q_tile = q_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        s_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        lse2 = lse2_smem.index(buf).load(col_layout)
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        p = gl.exp2(s * qk_scale_log2 - lse2[None, :])
+        if CAUSAL:
+            m0 = (m_first + i % n_m) * BLOCK_M
+            # Only the query tiles that cross the diagonal hold a key past some query.
+            if m0 + diag < n0 + BLOCK_N - 1:
+                queries = m0 + gl.arange(0, BLOCK_M, layout=col_layout)
+                p = gl.where(keys[:, None] <= queries[None, :] + diag, p, 0.0)
+        p16 = p.to(dtype)
+        dv_tok = warpgroup_mma(gl.convert_layout(p16, a_layout), do_tile, dv, is_async=True)
+        # P^T to the dS warpgroup, once it has read this buffer two steps ago (parity trick: the
+        # first round's wait passes on a fresh barrier).
+        mbarrier.wait(p_empty.index(pb), ((i // 2) & 1) ^ 1)
+        p_smem.index(pb).store(p16)
+        gl.thread_barrier()  # (the dS warpgroup reads P^T with plain loads: no async-proxy fence)
+        mbarrier.arrive(p_full.index(pb))
+        mbarrier.wait(ds_full.index(pb), (i // 2) & 1)
+        dv = _wide_dq_share(kt_rows, ds_smem.index(pb), dqt_zero, dq_smem.slice(0, HALF, dim=0), dv, dv_tok,
+                            dq_full, dq_empty, i)
+        mbarrier.arrive(ds_empty.index(pb))
+        mbarrier.arrive(free.index(buf))
+
+    _store_rows(DV, stride_dvb, stride_dvh, stride_dvn, off_b, off_hk, n0, seqlen_k, dv.to(dtype), acc_layout,
+                BLOCK_N, HEAD_DIM)
+
+
+@gluon.jit
+def _bwd_wide_ds_partition(k_smem, v_smem, q_smem, do_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
+                           free, p_full, p_empty, ds_full, ds_empty, dq_full, dq_empty, DK, stride_dkb, stride_dkn,
+                           stride_dkh, n_steps, off_b, off_hk, n0, seqlen_k, softmax_scale, HEAD_DIM: gl.constexpr,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr):
+    """The dS warpgroup (a 4-warp worker): dP^T = V dO^T, dS^T = P^T (dP^T - delta) with P^T from
+    the P warpgroup, dK += dS^T Q, and dQ^T's last HEAD_DIM / 2 rows."""
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = _wide_layouts(BLOCK_M, HEAD_DIM)[0]
+    acc_layout: gl.constexpr = _wide_layouts(BLOCK_M, HEAD_DIM)[1]
+    a_layout: gl.constexpr = _wide_layouts(BLOCK_M, HEAD_DIM)[2]
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    HALF: gl.constexpr = HEAD_DIM // 2
+    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    kt_rows = k_smem.reshape([BLOCK_N, HEAD_DIM]).slice(HALF, HALF, dim=1).permute((1, 0))
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dqt_zero = gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
+    mbarrier.wait(kv_bar.index(0), 0)
+
+    for i in range(n_steps):
+        buf = i % NUM_BUF
+        pb = i % 2
+        mbarrier.wait(ready.index(buf), (i // NUM_BUF) & 1)
+        q_tile = q_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        dp_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        delta = delta_smem.index(buf).load(col_layout)
+        dp = warpgroup_mma_wait(0, deps=[dp_tok])
+        mbarrier.wait(p_full.index(pb), (i // 2) & 1)
+        p = p_smem.index(pb).load(s_layout).to(gl.float32)  # masked keys arrive as P = 0, so dS = 0
+        ds16 = (p * (dp - delta[None, :])).to(dtype)
+        dk_tok = warpgroup_mma(gl.convert_layout(ds16, a_layout), q_tile, dk, is_async=True)
+        # dS^T for both warpgroups' dQ^T rows, once both have read this buffer two steps ago.
+        mbarrier.wait(ds_empty.index(pb), ((i // 2) & 1) ^ 1)
+        ds_smem.index(pb).store(ds16)
+        fence_async_shared()
+        gl.thread_barrier()  # every warp has read P^T and stored its dS^T rows
+        mbarrier.arrive(p_empty.index(pb))
+        mbarrier.arrive(ds_full.index(pb))
+        dk = _wide_dq_share(kt_rows, ds_smem.index(pb), dqt_zero, dq_smem.slice(HALF, HALF, dim=0), dk, dk_tok,
+                            dq_full, dq_empty, i)
+        mbarrier.arrive(ds_empty.index(pb))
+        mbarrier.arrive(free.index(buf))
+
+    _store_rows(DK, stride_dkb, stride_dkh, stride_dkn, off_b, off_hk, n0, seqlen_k, (dk * softmax_scale).to(dtype),
+                acc_layout, BLOCK_N, HEAD_DIM)
+
+
 @gluon.jit
 def _attn_bwd_sm90_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dq_desc, DK, DV,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -302,6 +471,7 @@ def _attn_bwd_sm90_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
+    WIDE: gl.constexpr = HEAD_DIM > 128  # the two-warpgroup split of the wide kernel (above)
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
     off_b = pid_bh // nheads_k
@@ -333,26 +503,57 @@ def _attn_bwd_sm90_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     dq_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     dq_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    # The wide kernel's two warpgroups each release a Q / dO buffer and each hand over a dQ^T half.
+    COMPUTE_GROUPS: gl.constexpr = 2 if WIDE else 1
     mbarrier.init(kv_bar.index(0), count=1)
-    mbarrier.init(dq_full.index(0), count=1)
+    mbarrier.init(dq_full.index(0), count=COMPUTE_GROUPS)
     mbarrier.init(dq_empty.index(0), count=1)
     for b in gl.static_range(NUM_BUF):
         mbarrier.init(ready.index(b), count=1)
-        mbarrier.init(free.index(b), count=1)
-    fence_async_shared()
-
-    gl.warp_specialize([
-        (_bwd_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_smem, ds_smem, dq_smem, kv_bar,
-                                  ready, free, dq_full, dq_empty, DK, DV, stride_dkb, stride_dkn, stride_dkh,
-                                  stride_dvb, stride_dvn, stride_dvh, n_steps, n_m, m_first, off_b, off_hk, n0, diag,
-                                  seqlen_k, qk_scale_log2, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUF,
-                                  CAUSAL)),
-        (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_smem,
-                               do_smem, lse2_smem, delta_smem, kv_bar, ready, free, n_steps, n_m, m_first, off_b,
-                               off_hk, n0, kv_group, nheads, seqlen_pad, BLOCK_M, NUM_BUF)),
-        (_bwd_dq_partition, (dq_desc, dq_smem, dq_full, dq_empty, n_steps, n_m, m_first, off_b, off_hk, kv_group,
-                             nheads, seqlen_pad, BLOCK_M)),
-    ], [1, 1], [24, 24])
+        mbarrier.init(free.index(b), count=COMPUTE_GROUPS)
+    if WIDE:
+        # P^T (P warpgroup -> dS warpgroup) and dS^T (-> both), each double-buffered by step parity.
+        p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+        p_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        p_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(2):
+            mbarrier.init(p_full.index(b), count=1)
+            mbarrier.init(p_empty.index(b), count=1)
+            mbarrier.init(ds_full.index(b), count=1)
+            mbarrier.init(ds_empty.index(b), count=2)  # both warpgroups' dQ^T matmuls read it
+        fence_async_shared()
+        gl.warp_specialize([
+            (_bwd_wide_p_partition, (k_smem, q_smem, do_smem, lse2_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
+                                     free, p_full, p_empty, ds_full, ds_empty, dq_full, dq_empty, DV, stride_dvb,
+                                     stride_dvn, stride_dvh, n_steps, n_m, m_first, off_b, off_hk, n0, diag,
+                                     seqlen_k, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUF, CAUSAL)),
+            (_bwd_wide_ds_partition, (k_smem, v_smem, q_smem, do_smem, delta_smem, p_smem, ds_smem, dq_smem, kv_bar,
+                                      ready, free, p_full, p_empty, ds_full, ds_empty, dq_full, dq_empty, DK,
+                                      stride_dkb, stride_dkn, stride_dkh, n_steps, off_b, off_hk, n0, seqlen_k,
+                                      softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUF)),
+            (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_smem,
+                                   do_smem, lse2_smem, delta_smem, kv_bar, ready, free, n_steps, n_m, m_first, off_b,
+                                   off_hk, n0, kv_group, nheads, seqlen_pad, BLOCK_M, NUM_BUF)),
+            (_bwd_dq_partition, (dq_desc, dq_smem, dq_full, dq_empty, n_steps, n_m, m_first, off_b, off_hk, kv_group,
+                                 nheads, seqlen_pad, BLOCK_M, HEAD_DIM, True)),
+        ], [4, 1, 1], [240, 24, 24])
+    else:
+        fence_async_shared()
+        gl.warp_specialize([
+            (_bwd_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_smem, ds_smem, dq_smem,
+                                      kv_bar, ready, free, dq_full, dq_empty, DK, DV, stride_dkb, stride_dkn,
+                                      stride_dkh, stride_dvb, stride_dvn, stride_dvh, n_steps, n_m, m_first, off_b,
+                                      off_hk, n0, diag, seqlen_k, qk_scale_log2, softmax_scale, HEAD_DIM, BLOCK_M,
+                                      BLOCK_N, NUM_BUF, CAUSAL)),
+            (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_smem,
+                                   do_smem, lse2_smem, delta_smem, kv_bar, ready, free, n_steps, n_m, m_first, off_b,
+                                   off_hk, n0, kv_group, nheads, seqlen_pad, BLOCK_M, NUM_BUF)),
+            (_bwd_dq_partition, (dq_desc, dq_smem, dq_full, dq_empty, n_steps, n_m, m_first, off_b, off_hk, kv_group,
+                                 nheads, seqlen_pad, BLOCK_M, HEAD_DIM, False)),
+        ], [1, 1], [24, 24])
 
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -404,11 +605,13 @@ def _stat_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
     return _descriptor(t, [t.numel()], [1], [block_m], _stat_layout())
 
 
-def _accum_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:
-    """dQ's float32 accumulator as (rows, HEAD_DIM), one (BLOCK_M, HEAD_DIM) box per reduction."""
+def _accum_descriptor(t: torch.Tensor, block_m: int, head_dim: int) -> TensorDescriptor:
+    """dQ's float32 accumulator as (rows, HEAD_DIM), one (BLOCK_M, HEAD_DIM) box per reduction; the
+    wide kernel's, (batch * heads, HEAD_DIM, seqlen_pad), as (channels, seqlen_pad) with a
+    (HEAD_DIM, BLOCK_M) box."""
     flat = t.view(-1, t.shape[-1])
-    return _descriptor(flat, list(flat.shape), list(flat.stride()), [block_m, t.shape[-1]],
-                       _accum_layout(block_m, t.shape[-1]))
+    box = [head_dim, block_m] if _dq_transposed(head_dim) else [block_m, head_dim]
+    return _descriptor(flat, list(flat.shape), list(flat.stride()), box, _accum_layout(*box))
 
 
 # False: attention_backward never takes this kernel (use_sm90_backward(False) in a block, or
@@ -451,6 +654,11 @@ def accumulator_bytes(q: torch.Tensor) -> int:
     return batch * nheads * _padded_rows(seqlen_q) * (head_dim + 2) * 4
 
 
+def _dq_transposed(head_dim: int) -> bool:
+    """Whether the kernel at this head dim sums dQ^T (the wide kernel) rather than dQ."""
+    return head_dim > 128
+
+
 def _padded_rows(seqlen_q: int) -> int:
     """Rows per head of lse2, delta and the dQ accumulator: seqlen_q rounded up to STAT_PAD."""
     return cdiv(seqlen_q, STAT_PAD) * STAT_PAD
@@ -465,24 +673,26 @@ def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):
     seqlen_pad = _padded_rows(seqlen_q)
     delta = torch.empty((batch * nheads, seqlen_pad), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
-    dq_accum = torch.empty((batch * nheads, seqlen_pad, head_dim), device=q.device, dtype=torch.float32)
+    dq_t = _dq_transposed(head_dim)
+    accum_shape = (batch * nheads, head_dim, seqlen_pad) if dq_t else (batch * nheads, seqlen_pad, head_dim)
+    dq_accum = torch.empty(accum_shape, device=q.device, dtype=torch.float32)
     light = 64  # rows per program of the two light passes
     # All three through launch(): after the first call of a shape its fast path calls the compiled
     # kernels directly (triton's binding took ~100 us of host time per launch on the H200's host).
     launch(_bwd_sm90_prologue_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS_TILES,
            out, dout, lse, delta, lse2, dq_accum, out.stride(0), out.stride(1), out.stride(2), dout.stride(0),
            dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen_q, seqlen_pad,
-           HEAD_DIM=head_dim, BLOCK=light)
+           HEAD_DIM=head_dim, BLOCK=light, DQ_T=dq_t)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     launch(_attn_bwd_sm90_kernel, (cdiv(seqlen_k, block_n), batch * nheads_k), _MAIN_TILES[head_dim],
            _tile_descriptor(q, block_m), _tile_descriptor(k, block_n), _tile_descriptor(v, block_n),
            _tile_descriptor(dout, block_m), _stat_descriptor(lse2, block_m), _stat_descriptor(delta, block_m),
-           _accum_descriptor(dq_accum, block_m), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
+           _accum_descriptor(dq_accum, block_m, head_dim), dk, dv, *dk.stride()[:3], *dv.stride()[:3],
            nheads, nheads_k, seqlen_q, seqlen_k, seqlen_pad, a.softmax_scale * LOG2E_HOST, a.softmax_scale,
            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_BUF=NUM_BUF, CAUSAL=a.causal_only)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     launch(_bwd_sm90_dq_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS_TILES,
            dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen_q, seqlen_pad, a.softmax_scale,
-           HEAD_DIM=head_dim, BLOCK=light)
+           HEAD_DIM=head_dim, BLOCK=light, DQ_T=dq_t)
     return dq, dk, dv
