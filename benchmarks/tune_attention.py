@@ -76,6 +76,10 @@ SETS = {
     # 256, 2026-11-30: dK/dV 16x64 w8 s3/s4 229/238 regs, 32x64 w8 s4 197 KB shared; 16-warp and
     # 128-key tiles spill; dQ 128x32 w8 s3/s4, 64x32 w4 s4, 32x64 w4 s3, 64x64 w8 s3), at the
     # sweep's N8192 (both masks) and N1024.
+    # hd256's forward over the papers' sweep lengths (16k tokens per batch, H8), where it trailed FA2
+    # at N = 512 (260 against 285 TF/s) and level at 1,024 with the table's 64x64 w4 s3 (196 KB of
+    # shared memory: one 4-warp CTA per SM).
+    "hd256-fwd": [(b, 8, n, 256, 256, c, None) for n, b in ((512, 32), (1024, 16), (8192, 2)) for c in (False, True)],
     "hd256-2": [(2, 8, 8192, 256, 256, False, None), (2, 8, 8192, 256, 256, True, None),
                 (16, 8, 1024, 256, 256, False, None)],
     # hd128's dK/dV pass is latency-bound in its one 8-warp CTA per SM (255 registers, 161 KB
@@ -139,6 +143,8 @@ CANDIDATES = {
                                            (128, 64, 8, 2)]]),
     "hd256": ([], [TileConfig(*c) for c in [(32, 64, 8, 3), (32, 64, 8, 2), (32, 64, 4, 3)]],
               [TileConfig(*c) for c in [(64, 32, 8, 3), (64, 64, 8, 2), (64, 32, 4, 3)]]),
+    "hd256-fwd": ([TileConfig(*c) for c in [(64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 3), (64, 32, 4, 2),
+                                            (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3)]], [], []),
     "hd256-2": ([], [TileConfig(*c) for c in [(32, 64, 8, 3), (32, 64, 8, 4), (16, 64, 8, 3), (16, 64, 8, 4)]],
                 [TileConfig(*c) for c in [(64, 32, 4, 3), (64, 32, 4, 4), (128, 32, 8, 3), (128, 32, 8, 4),
                                           (32, 64, 4, 3), (64, 64, 8, 3)]]),
