@@ -76,3 +76,16 @@ def test_the_kernels_pass_the_longer_sequence_length(monkeypatch, device):
         with use_backend("triton"):
             torch.autograd.grad(genoflash.flash_attn_func(q, k, v), (q, k, v), dout)
         assert seen == [129, 129]
+
+
+def test_head_dim_256_forward_takes_32_key_tiles():
+    """hd256's forward: 64x32 w4 up to 1,024 tokens (causal from 513 on), 128x32 w8 beyond and for an
+    unknown length (configs._gpu_forward; measured 1.3-1.6x faster than the 64x64 tile it replaced);
+    other wide pairs keep 64x64."""
+    short, long = TileConfig(64, 32, 4, 3), TileConfig(128, 32, 8, 3)
+    for n, causal, want in [(1, False, short), (512, False, short), (1024, False, short), (1025, False, long),
+                            (0, False, long), (512, True, long), (513, True, short), (1024, True, short),
+                            (8192, True, long)]:
+        assert fwd(256, causal=causal, seqlen=n) == want, (n, causal)
+    assert fwd(256, dropout=True, seqlen=16384) == long
+    assert fwd(256, 128) == TileConfig(64, 64, 4, 3)

@@ -108,7 +108,7 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
     # hd64 128x64 w8 s3 409 TF/s; hd128 128x128 w8 s3 455 (non-causal) / 445 (causal);
     # (64, 192), (128, 192), (192, 128): 128x64 w8 s3 (128x128 does not fit in shared memory with
     # V padded to 256 channels; with V split, 128 + 64, (64, 192) takes 128x128: below);
-    # hd256 64x64 w4 s3 296.
+    # hd256 64x64 w4 s3 296 (2026-11-29; 32-key tiles since 2026-12-03: below).
     if widest <= 64:
         if _short_ok(rotary_table_bytes, dropout) and (causal or 0 < seqlen <= SHORT_FORWARD_SEQLEN_64):
             return TileConfig(64, 64, num_warps=4, num_stages=3)  # above
@@ -139,6 +139,17 @@ def _gpu_forward(head_dim: int, head_dim_v: int, causal: bool, dtype: torch.dtyp
         # B2 H8 N8192): 128x64 w8 s3 1.454 ms against 1.847 for hd256's 64x64 w4 s3 (compiles at sm_90
         # without spills, also causal, windowed and with dropout).
         return TileConfig(128, 64, num_warps=8, num_stages=3)
+    if head_dim == head_dim_v == 256:
+        # 32-key tiles: K and V of 3 stages take 96 KB of shared memory where 64 keys took 192 KB
+        # (one CTA per SM). Measured over the papers' sweep lengths (tune_attention.py --set hd256-fwd,
+        # results/tune-hd256-fwd-h200-2026-12-03-1a9ba85.json, H8, 16k tokens per batch), ms, 64x64 w4 s3
+        # -> 64x32 w4 s3 / 128x32 w8 s3: N512 0.263 -> 0.164 / 0.177, causal 0.187 -> 0.161 / 0.139;
+        # N1024 0.444 -> 0.284 / 0.293, causal 0.280 -> 0.175 / 0.199; N8192 3.037 -> 2.081 / 1.998,
+        # causal 1.513 -> 1.105 / 1.086. Both compile at sm_90 without spills with dropout, window,
+        # softcap and ALiBi (varlen: 64x32 spills 4 bytes).
+        if 0 < seqlen <= 1024 and not (causal and seqlen <= 512):
+            return TileConfig(64, 32, num_warps=4, num_stages=3)
+        return TileConfig(128, 32, num_warps=8, num_stages=3)
     return TileConfig(64, 64, num_warps=4, num_stages=3)
 
 
