@@ -377,9 +377,9 @@ def flash_attn_func(
         rotary_interleaved: GPT-J pairs (2m, 2m+1) instead of NeoX halves (m, m + rotary_dim/2).
         deterministic: False (the default, as in flash-attn) allows a backward whose dQ is a float32
             sum in no fixed order, so two backward passes may differ in the last bits. On an H200
-            (sm_90) the backward of 16-bit attention with head dim 64 or 128, fixed lengths, full
-            or causal, without dropout, RoPE, ALiBi or softcap, from 512 (hd64: 1,024; causal 1,024,
-            hd64 causal 2,048) queries or keys on, with room for a float32 dQ accumulator,
+            (sm_90) the backward of 16-bit attention with head dim 64, 128 or 256, fixed lengths,
+            full or causal, without dropout, RoPE, ALiBi or softcap, from 512 (hd64: 1,024; causal
+            1,024, hd64 causal 2,048, hd256 causal 512) queries or keys on, with room for a float32 dQ accumulator,
             then runs as one pass in Gluon (ops/attention/backward_sm90.py); everything else, and True everywhere, runs the two
             triton passes, which write every gradient element from one program, without atomics,
             so that two backward passes are bitwise equal. (The triton one-pass form, with dQ
