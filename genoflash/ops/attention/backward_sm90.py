@@ -22,7 +22,10 @@ as rows (so that P^T and dS^T are the left operands of dV and dK, straight from 
     dV += P^T dO,  dS^T = P^T (dP^T - delta),  dK += dS^T Q,  dQ += dS K  (float32, by the dQ warp)
 
 The two warpgroups each own BLOCK_N / 2 keys; the dQ matmul contracts over all BLOCK_N keys, so
-dS^T goes through shared memory and the compute warps meet at two barriers per query tile. Two
+dS^T goes through shared memory and the compute warps meet at two barriers per query tile. At head
+dim 256 (the "wide" partitions below) they split the work by accumulator instead: one warpgroup
+S^T, P^T and dV, the other dP^T, dS^T and dK, with P^T and dS^T crossing through shared memory and
+dQ^T (rows: the head dim) split between them. Two
 light triton passes surround the kernel: delta = rowsum(O * dO) and lse2 before (with the dQ
 accumulator zeroed), dQ's scaling and cast after.
 
