@@ -350,6 +350,16 @@ def _store_rows(ptr, stride_b, stride_h, stride_n, off_b, off_hk, n0, seqlen_k, 
 
 
 @gluon.jit
+def _wide_step(i, ready, q_smem, do_smem, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Step i's buffers, once its Q and dO have landed: the Q / dO buffer, the P^T / dS^T buffer
+    (each reused every second step), and the Q and dO tiles."""
+    buf = i % NUM_BUF
+    mbarrier.wait(ready.index(buf), (i // NUM_BUF) & 1)
+    return (buf, i % 2, q_smem.index(buf).reshape([BLOCK_M, HEAD_DIM]),
+            do_smem.index(buf).reshape([BLOCK_M, HEAD_DIM]))
+
+
+@gluon.jit
 def _wide_dq_share(kt_rows, ds_buf, dqt_zero, dq_smem_rows, acc, acc_tok, dq_full, dq_empty, i):
     """This warpgroup's rows of dQ^T = K^T dS^T into dQ's shared buffer, once the dQ warp has
     taken the previous step's; waits for this step's accumulator matmul too. Returns it."""
@@ -387,11 +397,7 @@ def _bwd_wide_p_partition(k_smem, q_smem, do_smem, lse2_smem, p_smem, ds_smem, d
     mbarrier.wait(kv_bar.index(0), 0)
 
     for i in range(n_steps):
-        buf = i % NUM_BUF
-        pb = i % 2  # P^T / dS^T buffer: each is reused every second step
-        mbarrier.wait(ready.index(buf), (i // NUM_BUF) & 1)
-        q_tile = q_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
-        do_tile = do_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        buf, pb, q_tile, do_tile = _wide_step(i, ready, q_smem, do_smem, BLOCK_M, HEAD_DIM, NUM_BUF)
         s_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         lse2 = lse2_smem.index(buf).load(col_layout)
         s = warpgroup_mma_wait(0, deps=[s_tok])
@@ -441,11 +447,7 @@ def _bwd_wide_ds_partition(k_smem, v_smem, q_smem, do_smem, delta_smem, p_smem, 
     mbarrier.wait(kv_bar.index(0), 0)
 
     for i in range(n_steps):
-        buf = i % NUM_BUF
-        pb = i % 2
-        mbarrier.wait(ready.index(buf), (i // NUM_BUF) & 1)
-        q_tile = q_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
-        do_tile = do_smem.index(buf).reshape([BLOCK_M, HEAD_DIM])
+        buf, pb, q_tile, do_tile = _wide_step(i, ready, q_smem, do_smem, BLOCK_M, HEAD_DIM, NUM_BUF)
         dp_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         delta = delta_smem.index(buf).load(col_layout)
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
