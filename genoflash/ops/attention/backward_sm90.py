@@ -221,6 +221,17 @@ def _bwd_dq_partition(dq_desc, dq_smem, dq_full, dq_empty, n_steps, n_m, m_first
 
 
 @gluon.jit
+def _store_rows(ptr, stride_b, stride_h, stride_n, off_b, off_hk, n0, seqlen_k, value, layout: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """A (BLOCK_N, HEAD_DIM) tile of dK or dV at key n0 (rows past seqlen_k left out)."""
+    rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))).to(gl.int64)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    b64 = off_b.to(gl.int64)  # a batch offset passes 2^31 elements at genome scale
+    gl.store(ptr + b64 * stride_b + off_hk * stride_h + rows[:, None] * stride_n + cols[None, :], value,
+             mask=rows[:, None] < seqlen_k)
+
+
+@gluon.jit
 def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_smem, ds_smem, dq_smem, kv_bar, ready,
                            free, dq_full, dq_empty, DK, DV, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
                            stride_dvn, stride_dvh, n_steps, n_m, m_first, off_b, off_hk, n0, diag, seqlen_k,
@@ -307,14 +318,10 @@ def _bwd_compute_partition(k_smem, v_smem, q_smem, do_smem, lse2_smem, delta_sme
         mbarrier.arrive(free.index(buf))
 
     # Keys no query sees (causal, seqlen_q < seqlen_k) run no step: their dK, dV are 0.
-    kv_rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))).to(gl.int64)
-    kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    kv_mask = kv_rows[:, None] < seqlen_k
-    b64 = off_b.to(gl.int64)  # a batch offset passes 2^31 elements at genome scale
-    gl.store(DK + b64 * stride_dkb + off_hk * stride_dkh + kv_rows[:, None] * stride_dkn + kv_cols[None, :],
-             (dk * softmax_scale).to(dtype), mask=kv_mask)
-    gl.store(DV + b64 * stride_dvb + off_hk * stride_dvh + kv_rows[:, None] * stride_dvn + kv_cols[None, :],
-             dv.to(dtype), mask=kv_mask)
+    _store_rows(DK, stride_dkb, stride_dkh, stride_dkn, off_b, off_hk, n0, seqlen_k, (dk * softmax_scale).to(dtype),
+                kv_layout, BLOCK_N, HEAD_DIM)
+    _store_rows(DV, stride_dvb, stride_dvh, stride_dvn, off_b, off_hk, n0, seqlen_k, dv.to(dtype), kv_layout,
+                BLOCK_N, HEAD_DIM)
 
 
 # The wide kernel (head dim 256). dK and dV of a 64-key tile are 2 x 64 x 256 float32: 128 registers
@@ -336,17 +343,6 @@ def _wide_layouts(BLOCK_M, HEAD_DIM):
     s_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
     acc_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
     return s_layout, acc_layout, gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-
-
-@gluon.jit
-def _store_rows(ptr, stride_b, stride_h, stride_n, off_b, off_hk, n0, seqlen_k, value, layout: gl.constexpr,
-                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """A (BLOCK_N, HEAD_DIM) tile of dK or dV at key n0 (rows past seqlen_k left out)."""
-    rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))).to(gl.int64)
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-    b64 = off_b.to(gl.int64)  # a batch offset passes 2^31 elements at genome scale
-    gl.store(ptr + b64 * stride_b + off_hk * stride_h + rows[:, None] * stride_n + cols[None, :], value,
-             mask=rows[:, None] < seqlen_k)
 
 
 @gluon.jit
