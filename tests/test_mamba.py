@@ -3,6 +3,8 @@ the Mamba block and BiMamba."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import triton
@@ -460,6 +462,30 @@ def test_mamba_block_triton_matches_torch_backend(channels_first, device, monkey
         outs.append([y, *grads])
     for a, b in zip(*outs):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch, seqlen", [(1, 37), (2, 45)])
+def test_mamba_block_channels_first_is_the_channels_last_block(batch, seqlen, device, monkeypatch):
+    """The block on (batch, dim, seqlen) activations (projections across the layout in the
+    matmuls, the conv and SiLU fused, the state-loop scan kernels) computes the block of
+    nn.Linear / nn.Conv1d on (batch, seqlen, dim) activations: the triton backend in float32
+    against the torch backend's channels-last block in float64, output and every gradient."""
+    torch.manual_seed(8)
+    ref_block = Mamba(32, d_state=4).to(device, torch.float64)
+    x = torch.randn(batch, seqlen, 32, device=device, dtype=torch.float64, requires_grad=True)
+    monkeypatch.setattr(scan_channels_first, "ENABLED", False)
+    with genoflash.use_backend("torch"):
+        ref = ref_block(x)
+        ref_grads = torch.autograd.grad(ref.square().sum(), [x, *ref_block.parameters()])
+    monkeypatch.setattr(scan_channels_first, "ENABLED", True)
+    block = copy.deepcopy(ref_block).float()
+    x32 = x.detach().float().requires_grad_()
+    with genoflash.use_backend("triton"):
+        y = block(x32)
+        grads = torch.autograd.grad(y.square().sum(), [x32, *block.parameters()])
+    names = ["y", "x", *(n for n, _ in block.named_parameters())]
+    for name, a, b in zip(names, [y, *grads], [ref, *ref_grads]):
+        assert (a.double() - b).abs().max() <= 1e-5 * b.abs().max(), name
 
 
 def test_bad_mamba_config():

@@ -26,11 +26,10 @@ import math
 import torch
 from torch import nn
 
-from ..backends import select_backend, triton_interpreted
 from ..ops.hyena import fftconv_channels_first
 from ..ops.hyena.implicit_filter import implicit_filter
 from ..ops.hyena.projection import autocast_operands, project_from_channels_first, project_to_channels_first
-from ..ops.hyena.short_conv import short_conv, short_conv_reference
+from ..ops.hyena.short_conv import depthwise_conv1d
 
 
 class Sine(nn.Module):
@@ -45,16 +44,6 @@ class Sine(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sin(self.freq * x)
-
-
-def _short_conv_kernel_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                               interpreted: bool) -> bool:
-    """Whether the Triton short conv takes these operands: one dtype of float16, bfloat16 or
-    float32, where Triton runs; not bfloat16 under the interpreter (CPU tests), which truncates
-    float32 to bfloat16 where the GPU rounds."""
-    return ((x.device.type == "cuda" or interpreted) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and not (interpreted and x.dtype == torch.bfloat16)
-            and all(t is None or t.dtype == x.dtype for t in (weight, bias)))
 
 
 class ShortConv(nn.Module):
@@ -76,13 +65,7 @@ class ShortConv(nn.Module):
         (channels,), if given: the bias of the linear layer before it, added here at no extra pass."""
         # (channels, 1, K) -> (channels, K) by a reshape, not `[:, 0]`: a select's backward scatters
         # into a zero-filled tensor (two kernels), a view's is the same storage reshaped.
-        weight, bias = self.conv.weight.flatten(1), self.conv.bias
-        if select_backend(x.device) == "triton":
-            interpreted = triton_interpreted()
-            xt, wt, bt = autocast_operands(x, weight, bias)
-            if _short_conv_kernel_applies(xt, wt, bt, interpreted):
-                return short_conv(xt, wt, bt, self.left, input_bias, interpreted)
-        return short_conv_reference(x, weight, bias, self.left, input_bias)
+        return depthwise_conv1d(x, self.conv.weight.flatten(1), self.conv.bias, self.left, input_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.channels_first(x.transpose(1, 2)).transpose(1, 2)

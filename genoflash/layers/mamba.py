@@ -7,7 +7,9 @@ The Mamba-1 block:
     dt, B, C = split(x_proj(x));  dt = dt_proj(dt)                       (input-dependent)
     y = selective_scan(x, dt, A = -exp(A_log), B, C, D, z, dt_bias, softplus)
     out = out_proj(y)
-The scan is `genoflash.ops.mamba.selective_scan_fn` (Triton, chunked over the sequence).
+The scan is `genoflash.ops.mamba.selective_scan_fn` (Triton); the conv and SiLU are one Triton
+pass (`genoflash.ops.hyena.short_conv`, shared with the Hyena operator), as is the causal-conv1d
+package's for mamba-ssm.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops.hyena.projection import autocast_operands, project_from_channels_first, project_to_channels_first
+from ..ops.hyena.short_conv import depthwise_conv1d
 from ..ops.mamba import scan_channels_first, selective_scan_fn
 
 
@@ -63,32 +67,53 @@ class Mamba(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         if u.dim() != 3 or u.shape[-1] != self.d_model:
             raise ValueError(f"expected input (batch, seqlen, {self.d_model}), got shape {tuple(u.shape)}")
-        seqlen = u.shape[1]
-        # Padding d_conv - 1 on both sides and keeping the first seqlen outputs: causal.
-        channels_first = scan_channels_first.ENABLED
-        if channels_first:
-            # (batch, dim, seqlen) activations for the scan's state-loop kernels, which need time
-            # contiguous (ops/mamba/scan_channels_first.py): in_proj and dt_proj computed
-            # transposed, as mamba-ssm does; x, z and dt reach the scan as (batch, seqlen, dim)
-            # views of that memory.
-            xz = torch.matmul(self.in_proj.weight, u.transpose(1, 2))
-            if self.in_proj.bias is not None:
-                xz = xz + self.in_proj.bias[:, None]
-            x, z = xz[:, :self.d_inner], xz[:, self.d_inner:].transpose(1, 2)
-            x = F.silu(self.conv1d(x)[..., :seqlen]).transpose(1, 2)
-        else:
-            x, z = self.in_proj(u).chunk(2, dim=-1)
-            x = F.silu(self.conv1d(x.transpose(1, 2))[..., :seqlen].transpose(1, 2))
-        dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        # The bias goes in as delta_bias, inside the softplus.
-        if channels_first:
-            dt = torch.matmul(self.dt_proj.weight, dt.transpose(1, 2)).transpose(1, 2)
-        else:
-            dt = F.linear(dt, self.dt_proj.weight)
         A = -torch.exp(self.A_log.float())
-        y = selective_scan_fn(x, dt, A, B, C, D=self.D.float(), z=z, delta_bias=self.dt_proj.bias.float(),
-                              delta_softplus=True)
+        scan_args = dict(D=self.D.float(), delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
+        if not scan_channels_first.ENABLED:
+            return self._forward_channels_last(u, A, scan_args)
+        # (batch, channels, seqlen) activations from in_proj to out_proj, as mamba-ssm keeps them:
+        # the scan's state-loop kernels need time contiguous (ops/mamba/scan_channels_first.py),
+        # and so does the causal conv. The projections read and write across the layout boundary
+        # in the matmuls themselves (ops/hyena/projection.py: no transpose kernel), and every
+        # gradient comes back in its tensor's own layout. At a million tokens the same layer on
+        # torch.matmul of transposed views and nn.Conv1d spent 43 of its 151 ms in strided copies
+        # (benchmarks/NOTES.md, twenty-fifth session).
+        xz = project_to_channels_first(*autocast_operands(u, self.in_proj.weight))
+        if self.in_proj.bias is not None:
+            xz = xz + self.in_proj.bias.to(xz.dtype)[:, None]
+        # split, not two slices: its backward is one cat of dx and dz, where each slice's would
+        # zero-fill a buffer the size of xz and copy its part in.
+        x, z = xz.split(self.d_inner, dim=1)
+        # Causal depthwise conv and SiLU in one pass (left = d_conv - 1 positions of padding).
+        x = depthwise_conv1d(x, self.conv1d.weight.flatten(1), self.conv1d.bias, self.d_conv - 1, activation="silu")
+        x_dbl = _project_within_channels_first(*autocast_operands(self.x_proj.weight, x))
+        dt, B, C = x_dbl.split([self.dt_rank, self.d_state, self.d_state], dim=1)
+        dt = _project_within_channels_first(*autocast_operands(self.dt_proj.weight, dt))  # its bias: delta_bias
+        # (batch, seqlen, dim) views of channels-first memory: what selective_scan_fn's state-loop
+        # kernels take (its output is channels-first too).
+        y = selective_scan_fn(x.transpose(1, 2), dt.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2),
+                              z=z.transpose(1, 2), **scan_args)
+        return project_from_channels_first(*autocast_operands(y.transpose(1, 2), self.out_proj.weight,
+                                                              self.out_proj.bias))
+
+    def _forward_channels_last(self, u: torch.Tensor, A: torch.Tensor, scan_args: dict) -> torch.Tensor:
+        """The same block on (batch, seqlen, dim) activations, for scan.py's 3-D tile kernels."""
+        seqlen = u.shape[1]
+        x, z = self.in_proj(u).chunk(2, dim=-1)
+        # Padding d_conv - 1 on both sides and keeping the first seqlen outputs: causal.
+        x = F.silu(self.conv1d(x.transpose(1, 2))[..., :seqlen].transpose(1, 2))
+        dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = F.linear(dt, self.dt_proj.weight)  # the bias goes in as delta_bias, inside the softplus
+        y = selective_scan_fn(x, dt, A, B, C, z=z, **scan_args)
         return self.out_proj(y)
+
+
+def _project_within_channels_first(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """weight (out, in) @ x (batch, in, seqlen) -> (batch, out, seqlen), contiguous. Both layouts
+    are channels-first, so plain autograd returns x's gradient contiguous in x's layout too."""
+    if x.shape[0] == 1:  # a plain mm launches faster than bmm
+        return torch.mm(weight, x[0])[None]
+    return torch.bmm(weight.expand(x.shape[0], *weight.shape), x)  # batch stride 0: no copy of the weight
 
 
 class BiMamba(nn.Module):

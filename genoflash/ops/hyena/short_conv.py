@@ -9,12 +9,15 @@ left = K - 1 is causal (output t sees t - K + 1 .. t); left = (K - 1) // 2 centr
 This is nn.Conv1d(channels, channels, K, groups=channels) applied to x + input_bias, zero-padded
 by left and K - 1 - left (`short_conv_reference`, the torch backend and the tests' reference).
 input_bias is the bias of the linear layer before the convolution (Hyena's input projection),
-added here so it costs no pass over x of its own.
+added here so it costs no pass over x of its own. With activation="silu" the output is
+silu(y) (Mamba's causal conv1d, as the causal-conv1d package fuses it): no pass of its own
+either way, and the backward recomputes y where it needs silu's derivative instead of saving it.
 
 The padding is a load mask, so no padded copy of x is made, and y is written contiguous:
 a program owns BLOCK positions of one (batch, channel) row and reads the K shifted windows
 of x it needs (K is a few taps, so the re-reads hit the cache). The backward is the same
-loop twice: dx is the sum with the taps mirrored, dx[p] = sum_j w[c, j] dy[p + left - j];
+loop twice: dx is the sum with the taps mirrored, dx[p] = sum_j w[c, j] dy[p + left - j] (dy times silu'(y)
+there, with the activation);
 dw, dbias and dinput_bias (= sum dx) are sums over (batch, time), which each program writes
 as partial sums over its block and PyTorch adds up (no atomics, so the result is
 deterministic).
@@ -28,18 +31,24 @@ from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
+from ...backends import select_backend, triton_interpreted
 from ..host import cdiv
+from .projection import autocast_operands
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+ACTIVATIONS = (None, "silu")
+
+
 def short_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, left: int,
-                         input_bias: torch.Tensor | None = None) -> torch.Tensor:
+                         input_bias: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
     """The same op by nn.functional: x (batch, channels, seqlen), weight (channels, K)."""
     taps = weight.shape[-1]
     if input_bias is not None:
         x = x + input_bias.to(x.dtype)[:, None]
-    return F.conv1d(F.pad(x, (left, taps - 1 - left)), weight[:, None, :], bias, groups=x.shape[1])
+    y = F.conv1d(F.pad(x, (left, taps - 1 - left)), weight[:, None, :], bias, groups=x.shape[1])
+    return F.silu(y) if activation == "silu" else y
 
 
 @triton.jit
@@ -53,49 +62,78 @@ def _load_shifted(x_row, IN_BIAS, c, p, seqlen, HAS_INPUT_BIAS: tl.constexpr):
 
 
 @triton.jit
+def _conv_at(x_row, W, BIAS, IN_BIAS, c, t, seqlen, TAPS: tl.constexpr, LEFT: tl.constexpr,
+             HAS_BIAS: tl.constexpr, HAS_INPUT_BIAS: tl.constexpr):
+    """y[t] before the activation, in float32, at the positions t (any, the padding is the load mask)."""
+    acc = tl.zeros(t.shape, dtype=tl.float32)
+    for j in tl.static_range(TAPS):
+        x = _load_shifted(x_row, IN_BIAS, c, t + (j - LEFT), seqlen, HAS_INPUT_BIAS)
+        acc += tl.load(W + c * TAPS + j).to(tl.float32) * x
+    if HAS_BIAS:
+        acc += tl.load(BIAS + c).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _silu(y):
+    return y * tl.sigmoid(y)
+
+
+@triton.jit
+def _silu_grad(y):
+    """d silu(y) / dy = s (1 + y (1 - s)), s = sigmoid(y)."""
+    s = tl.sigmoid(y)
+    return s * (1.0 + y * (1.0 - s))
+
+
+@triton.jit
 def _short_conv_fwd_kernel(X, W, BIAS, IN_BIAS, Y, channels, seqlen, n_blocks, stride_xb, stride_xc,
                            TAPS: tl.constexpr, LEFT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           HAS_INPUT_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                           HAS_INPUT_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr):
     # One grid axis (up to 2^31 programs): row = b * channels + c, then the block along seqlen.
     row, block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
     b, c = row // channels, row % channels
     t = block * BLOCK + tl.arange(0, BLOCK)
     # int64 row offsets: batch * channels * seqlen passes 2^31 at a million tokens
     x_row = X + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(TAPS):
-        x = _load_shifted(x_row, IN_BIAS, c, t + (j - LEFT), seqlen, HAS_INPUT_BIAS)
-        acc += tl.load(W + c * TAPS + j).to(tl.float32) * x
-    if HAS_BIAS:
-        acc += tl.load(BIAS + c).to(tl.float32)
+    acc = _conv_at(x_row, W, BIAS, IN_BIAS, c, t, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS)
+    if SILU:
+        acc = _silu(acc)
     tl.store(Y + row.to(tl.int64) * seqlen + t, acc.to(Y.dtype.element_ty), mask=t < seqlen)
 
 
 @triton.jit
-def _short_conv_bwd_kernel(DY, X, W, IN_BIAS, DX, PARTIAL, channels, seqlen, n_blocks, stride_dyb, stride_dyc,
-                           stride_xb, stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr,
-                           HAS_INPUT_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _short_conv_bwd_kernel(DY, X, W, BIAS, IN_BIAS, DX, PARTIAL, channels, seqlen, n_blocks, stride_dyb, stride_dyc,
+                           stride_xb, stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           HAS_INPUT_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr):
     row, block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
     b, c = row // channels, row % channels
     t = block * BLOCK + tl.arange(0, BLOCK)
     in_seq = t < seqlen
     dy_row = DY + b.to(tl.int64) * stride_dyb + c.to(tl.int64) * stride_dyc
     x_row = X + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
-    # dx[p] = sum_j w[c, j] dy[p + LEFT - j]: every output that read x[p], through tap j
+    # dx[p] = sum_j w[c, j] g[p + LEFT - j]: every output that read x[p], through tap j, where g is
+    # the gradient at the convolution's output: dy, or dy silu'(y) with the activation (y is
+    # recomputed at the shifted positions: TAPS more reads of x per tap, all from the cache).
     dx = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TAPS):
         q = t + (LEFT - j)
-        dy = tl.load(dy_row + q, mask=(q >= 0) & (q < seqlen), other=0.0)
-        dx += tl.load(W + c * TAPS + j).to(tl.float32) * dy.to(tl.float32)
+        q_in = (q >= 0) & (q < seqlen)
+        g = tl.load(dy_row + q, mask=q_in, other=0.0).to(tl.float32)
+        if SILU:
+            g *= _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, q, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
+        dx += tl.load(W + c * TAPS + j).to(tl.float32) * g
     tl.store(DX + row.to(tl.int64) * seqlen + t, dx.to(DX.dtype.element_ty), mask=in_seq)
     # This block's share of the sums over (batch, time), PARTIAL[row, block, :]:
-    # dw[c, j] = sum dy[t] x'[t + j - LEFT] for j < TAPS, then dbias = sum dy, then dinput_bias = sum dx.
-    dy = tl.load(dy_row + t, mask=in_seq, other=0.0).to(tl.float32)
+    # dw[c, j] = sum g[t] x'[t + j - LEFT] for j < TAPS, then dbias = sum g, then dinput_bias = sum dx.
+    g = tl.load(dy_row + t, mask=in_seq, other=0.0).to(tl.float32)  # 0 past the sequence end
+    if SILU:
+        g *= _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, t, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
     out = PARTIAL + (row.to(tl.int64) * n_blocks + block) * (TAPS + 2)
     for j in tl.static_range(TAPS):
         x = _load_shifted(x_row, IN_BIAS, c, t + (j - LEFT), seqlen, HAS_INPUT_BIAS)
-        tl.store(out + j, tl.sum(dy * x, 0))  # dy is 0 past the sequence end
-    tl.store(out + TAPS, tl.sum(dy, 0))
+        tl.store(out + j, tl.sum(g * x, 0))
+    tl.store(out + TAPS, tl.sum(g, 0))
     tl.store(out + TAPS + 1, tl.sum(tl.where(in_seq, dx, 0.0), 0))
 
 
@@ -110,7 +148,8 @@ def _rows_with_unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 def short_conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       input_bias: torch.Tensor | None, left: int, interpreted: bool) -> torch.Tensor:
+                       input_bias: torch.Tensor | None, left: int, interpreted: bool,
+                       activation: str | None = None) -> torch.Tensor:
     batch, channels, seqlen = x.shape
     block = _block(interpreted)
     n_blocks = cdiv(seqlen, block)
@@ -118,12 +157,12 @@ def short_conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     _short_conv_fwd_kernel[(batch * channels * n_blocks,)](
         x, weight, weight if bias is None else bias, weight if input_bias is None else input_bias, y, channels,
         seqlen, n_blocks, x.stride(0), x.stride(1), TAPS=weight.shape[-1], LEFT=left, HAS_BIAS=bias is not None,
-        HAS_INPUT_BIAS=input_bias is not None, BLOCK=block)
+        HAS_INPUT_BIAS=input_bias is not None, SILU=activation == "silu", BLOCK=block)
     return y
 
 
-def short_conv_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, input_bias: torch.Tensor | None,
-                        left: int, interpreted: bool):
+def short_conv_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        input_bias: torch.Tensor | None, left: int, interpreted: bool, activation: str | None = None):
     """(dx, dweight, dbias, dinput_bias): dx (batch, channels, seqlen) contiguous, the others float32."""
     batch, channels, seqlen = x.shape
     taps = weight.shape[-1]
@@ -132,9 +171,9 @@ def short_conv_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     dx = torch.empty(batch, channels, seqlen, dtype=x.dtype, device=x.device)
     partial = torch.empty(batch, channels, n_blocks, taps + 2, dtype=torch.float32, device=x.device)
     _short_conv_bwd_kernel[(batch * channels * n_blocks,)](
-        dy, x, weight, weight if input_bias is None else input_bias, dx, partial, channels, seqlen, n_blocks,
-        dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), TAPS=taps, LEFT=left,
-        HAS_INPUT_BIAS=input_bias is not None, BLOCK=block)
+        dy, x, weight, weight if bias is None else bias, weight if input_bias is None else input_bias, dx, partial,
+        channels, seqlen, n_blocks, dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), TAPS=taps, LEFT=left,
+        HAS_BIAS=bias is not None, HAS_INPUT_BIAS=input_bias is not None, SILU=activation == "silu", BLOCK=block)
     sums = partial.sum((0, 2))  # (channels, taps + 2)
     return dx, sums[:, :taps], sums[:, taps], sums[:, taps + 1]
 
@@ -144,29 +183,32 @@ class ShortConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                input_bias: torch.Tensor | None, left: int, interpreted: bool) -> torch.Tensor:
+                input_bias: torch.Tensor | None, left: int, interpreted: bool, activation: str | None) -> torch.Tensor:
         x = _rows_with_unit_stride(x)
         ctx.save_for_backward(x, weight, bias, input_bias)
-        ctx.left, ctx.interpreted = left, interpreted
-        return short_conv_forward(x, weight, bias, input_bias, left, interpreted)
+        ctx.left, ctx.interpreted, ctx.activation = left, interpreted, activation
+        return short_conv_forward(x, weight, bias, input_bias, left, interpreted, activation)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy: torch.Tensor):
         x, weight, bias, input_bias = ctx.saved_tensors
-        dx, dw, db, dib = short_conv_backward(_rows_with_unit_stride(dy), x, weight, input_bias, ctx.left,
-                                              ctx.interpreted)
+        dx, dw, db, dib = short_conv_backward(_rows_with_unit_stride(dy), x, weight, bias, input_bias, ctx.left,
+                                              ctx.interpreted, ctx.activation)
         return (dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype),
-                None if input_bias is None else dib.to(input_bias.dtype), None, None)
+                None if input_bias is None else dib.to(input_bias.dtype), None, None, None)
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, left: int,
-               input_bias: torch.Tensor | None = None, interpreted: bool = False) -> torch.Tensor:
+               input_bias: torch.Tensor | None = None, interpreted: bool = False,
+               activation: str | None = None) -> torch.Tensor:
     """Depthwise convolution of x + input_bias (batch, channels, seqlen) with weight (channels, K),
     K >= 1, zero padding `left` positions before the sequence and K - 1 - left after it; bias and
-    input_bias (channels,) or None. x, weight and bias share one dtype, float16, bfloat16 or float32
-    (input_bias may be any float dtype; sums run in float32), on CUDA or under TRITON_INTERPRET.
-    Returns y (batch, channels, seqlen), contiguous."""
+    input_bias (channels,) or None; then the activation (None or "silu"). x, weight and bias share
+    one dtype, float16, bfloat16 or float32 (input_bias may be any float dtype; sums run in
+    float32), on CUDA or under TRITON_INTERPRET. Returns y (batch, channels, seqlen), contiguous."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
         raise ValueError(f"expected x (batch, channels, seqlen) and weight (channels, taps), got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
@@ -178,4 +220,28 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     for name, t in (("bias", bias), ("input_bias", input_bias)):
         if t is not None and t.shape != (x.shape[1],):
             raise ValueError(f"{name} must be (channels,) = ({x.shape[1]},), got {tuple(t.shape)}")
-    return ShortConvFunction.apply(x, weight.contiguous(), bias, input_bias, left, interpreted)
+    return ShortConvFunction.apply(x, weight.contiguous(), bias, input_bias, left, interpreted, activation)
+
+
+def _kernel_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, interpreted: bool) -> bool:
+    """Whether the Triton kernels take these operands: one dtype of float16, bfloat16 or float32,
+    where Triton runs; not bfloat16 under the interpreter (CPU tests), which truncates float32 to
+    bfloat16 where the GPU rounds."""
+    return ((x.device.type == "cuda" or interpreted) and x.dtype in _TRITON_DTYPES
+            and not (interpreted and x.dtype == torch.bfloat16)
+            and all(t is None or t.dtype == x.dtype for t in (weight, bias)))
+
+
+def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, left: int,
+                     input_bias: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+    """`short_conv` on the triton backend where its kernels take the operands (autocast's dtype
+    under autocast, as nn.Conv1d would run), else `short_conv_reference`: what the Hyena and
+    Mamba layers call. x (batch, channels, seqlen), weight (channels, K)."""
+    if select_backend(x.device) == "triton":
+        interpreted = triton_interpreted()
+        xt, wt, bt = autocast_operands(x, weight, bias)
+        if _kernel_applies(xt, wt, bt, interpreted):
+            return short_conv(xt, wt, bt, left, input_bias, interpreted, activation)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return short_conv_reference(x, weight, bias, left, input_bias, activation)
