@@ -103,75 +103,38 @@ def _short_conv_fwd_kernel(X, W, BIAS, IN_BIAS, Y, channels, seqlen, n_blocks, s
 
 
 @triton.jit
-def _short_conv_bwd_kernel(DY, X, W, IN_BIAS, DX, PARTIAL, channels, seqlen, n_blocks, stride_dyb, stride_dyc,
-                           stride_xb, stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr,
-                           HAS_INPUT_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _short_conv_bwd_kernel(DY, X, W, BIAS, IN_BIAS, DX, PARTIAL, channels, seqlen, n_blocks, stride_dyb, stride_dyc,
+                           stride_xb, stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           HAS_INPUT_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr):
     row, block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
     b, c = row // channels, row % channels
     t = block * BLOCK + tl.arange(0, BLOCK)
     in_seq = t < seqlen
     dy_row = DY + b.to(tl.int64) * stride_dyb + c.to(tl.int64) * stride_dyc
     x_row = X + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
-    # dx[p] = sum_j w[c, j] dy[p + LEFT - j]: every output that read x[p], through tap j
+    # dx[p] = sum_j w[c, j] g[p + LEFT - j]: every output that read x[p], through tap j, where g is
+    # the gradient at the convolution's output: dy, or dy silu'(y) with the activation (y is
+    # recomputed at the shifted positions: TAPS more reads of x per tap, all from the cache).
     dx = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TAPS):
         q = t + (LEFT - j)
-        dy = tl.load(dy_row + q, mask=(q >= 0) & (q < seqlen), other=0.0)
-        dx += tl.load(W + c * TAPS + j).to(tl.float32) * dy.to(tl.float32)
+        q_in = (q >= 0) & (q < seqlen)
+        g = tl.load(dy_row + q, mask=q_in, other=0.0).to(tl.float32)
+        if SILU:
+            g *= _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, q, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
+        dx += tl.load(W + c * TAPS + j).to(tl.float32) * g
     tl.store(DX + row.to(tl.int64) * seqlen + t, dx.to(DX.dtype.element_ty), mask=in_seq)
     # This block's share of the sums over (batch, time), PARTIAL[row, block, :]:
-    # dw[c, j] = sum dy[t] x'[t + j - LEFT] for j < TAPS, then dbias = sum dy, then dinput_bias = sum dx.
-    dy = tl.load(dy_row + t, mask=in_seq, other=0.0).to(tl.float32)
+    # dw[c, j] = sum g[t] x'[t + j - LEFT] for j < TAPS, then dbias = sum g, then dinput_bias = sum dx.
+    g = tl.load(dy_row + t, mask=in_seq, other=0.0).to(tl.float32)  # 0 past the sequence end
+    if SILU:
+        g *= _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, t, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
     out = PARTIAL + (row.to(tl.int64) * n_blocks + block) * (TAPS + 2)
     for j in tl.static_range(TAPS):
         x = _load_shifted(x_row, IN_BIAS, c, t + (j - LEFT), seqlen, HAS_INPUT_BIAS)
-        tl.store(out + j, tl.sum(dy * x, 0))  # dy is 0 past the sequence end
-    tl.store(out + TAPS, tl.sum(dy, 0))
+        tl.store(out + j, tl.sum(g * x, 0))
+    tl.store(out + TAPS, tl.sum(g, 0))
     tl.store(out + TAPS + 1, tl.sum(tl.where(in_seq, dx, 0.0), 0))
-
-
-@triton.jit
-def _short_conv_silu_bwd_kernel(DY, X, W, BIAS, IN_BIAS, DX, PARTIAL, channels, seqlen, n_blocks, stride_dyb,
-                                stride_dyc, stride_xb, stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr,
-                                HAS_BIAS: tl.constexpr, HAS_INPUT_BIAS: tl.constexpr, OUT: tl.constexpr,
-                                BLOCK: tl.constexpr):
-    """The backward through silu(conv(x)): g = dy silu'(y), then the plain backward on g.
-
-    A program owns OUT = BLOCK - (TAPS - 1) positions [s, s + OUT) and computes g once at each
-    of the BLOCK positions their dx reads, [s + LEFT - (TAPS - 1), s + OUT + LEFT): y recomputed
-    there from x (TAPS cached loads), never saved. dx[s + k] = sum_j w[c, j] g[s + k + LEFT - j]
-    reads g shifted by each tap, gathered within the block (no recomputation per tap, which cost
-    TAPS^2 loads and TAPS sigmoids a position)."""
-    row, block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
-    b, c = row // channels, row % channels
-    s = block * OUT
-    i = tl.arange(0, BLOCK)
-    dy_row = DY + b.to(tl.int64) * stride_dyb + c.to(tl.int64) * stride_dyc
-    x_row = X + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
-    q = s + LEFT - (TAPS - 1) + i  # g's positions: g[q] is the block's g[i]
-    q_in = (q >= 0) & (q < seqlen)
-    # 0 outside the sequence (dy's mask): outputs there do not exist, whatever y would be.
-    g = tl.load(dy_row + q, mask=q_in, other=0.0).to(tl.float32) * \
-        _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, q, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
-    t = s + i  # dx's positions: the first OUT lanes
-    own = (i < OUT) & (t < seqlen)
-    dx = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(TAPS):
-        # g[t + LEFT - j] is the block's g[i + TAPS - 1 - j]; lanes past OUT read a clamped
-        # index and are not stored.
-        shifted = tl.gather(g, tl.minimum(i + (TAPS - 1 - j), BLOCK - 1), 0)
-        dx += tl.load(W + c * TAPS + j).to(tl.float32) * shifted
-    tl.store(DX + row.to(tl.int64) * seqlen + t, dx.to(DX.dtype.element_ty), mask=own)
-    # The sums over this program's own positions, PARTIAL[row, block, :]: dw[c, j] = sum g[t]
-    # x'[t + j - LEFT], then dbias = sum g, then dinput_bias = sum dx. g's own positions are
-    # those of q in [s, s + OUT).
-    g_own = tl.where((q >= s) & (q < s + OUT), g, 0.0)
-    out = PARTIAL + (row.to(tl.int64) * n_blocks + block) * (TAPS + 2)
-    for j in tl.static_range(TAPS):
-        x = _load_shifted(x_row, IN_BIAS, c, q + (j - LEFT), seqlen, HAS_INPUT_BIAS)
-        tl.store(out + j, tl.sum(g_own * x, 0))
-    tl.store(out + TAPS, tl.sum(g_own, 0))
-    tl.store(out + TAPS + 1, tl.sum(tl.where(own, dx, 0.0), 0))
 
 
 def _block(interpreted: bool) -> int:
@@ -204,24 +167,13 @@ def short_conv_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     batch, channels, seqlen = x.shape
     taps = weight.shape[-1]
     block = _block(interpreted)
-    silu = activation == "silu"
-    if silu:  # each program's outputs are its block less the taps' halo: keep the block at least twice that
-        block = max(block, triton.next_power_of_2(2 * taps))
-    per_program = block - (taps - 1) if silu else block
-    n_blocks = cdiv(seqlen, per_program)
+    n_blocks = cdiv(seqlen, block)
     dx = torch.empty(batch, channels, seqlen, dtype=x.dtype, device=x.device)
     partial = torch.empty(batch, channels, n_blocks, taps + 2, dtype=torch.float32, device=x.device)
-    in_bias = weight if input_bias is None else input_bias  # a placeholder where not given
-    strides = (dy.stride(0), dy.stride(1), x.stride(0), x.stride(1))
-    if silu:
-        _short_conv_silu_bwd_kernel[(batch * channels * n_blocks,)](
-            dy, x, weight, weight if bias is None else bias, in_bias, dx, partial, channels, seqlen, n_blocks,
-            *strides, TAPS=taps, LEFT=left, HAS_BIAS=bias is not None, HAS_INPUT_BIAS=input_bias is not None,
-            OUT=per_program, BLOCK=block)
-    else:
-        _short_conv_bwd_kernel[(batch * channels * n_blocks,)](
-            dy, x, weight, in_bias, dx, partial, channels, seqlen, n_blocks, *strides, TAPS=taps, LEFT=left,
-            HAS_INPUT_BIAS=input_bias is not None, BLOCK=block)
+    _short_conv_bwd_kernel[(batch * channels * n_blocks,)](
+        dy, x, weight, weight if bias is None else bias, weight if input_bias is None else input_bias, dx, partial,
+        channels, seqlen, n_blocks, dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), TAPS=taps, LEFT=left,
+        HAS_BIAS=bias is not None, HAS_INPUT_BIAS=input_bias is not None, SILU=activation == "silu", BLOCK=block)
     sums = partial.sum((0, 2))  # (channels, taps + 2)
     return dx, sums[:, :taps], sums[:, taps], sums[:, taps + 1]
 
