@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.hyena.projection import autocast_operands, project_from_channels_first, project_to_channels_first
+from ..ops.hyena.projection import (autocast_operands, project_from_channels_first, project_to_channels_first,
+                                    project_within_channels_first)
 from ..ops.hyena.short_conv import depthwise_conv1d
 from ..ops.mamba import scan_channels_first, selective_scan_fn
 
@@ -86,9 +87,9 @@ class Mamba(nn.Module):
         x, z = xz.split(self.d_inner, dim=1)
         # Causal depthwise conv and SiLU in one pass (left = d_conv - 1 positions of padding).
         x = depthwise_conv1d(x, self.conv1d.weight.flatten(1), self.conv1d.bias, self.d_conv - 1, activation="silu")
-        x_dbl = _project_within_channels_first(*autocast_operands(self.x_proj.weight, x))
+        x_dbl = project_within_channels_first(*autocast_operands(self.x_proj.weight, x))
         dt, B, C = x_dbl.split([self.dt_rank, self.d_state, self.d_state], dim=1)
-        dt = _project_within_channels_first(*autocast_operands(self.dt_proj.weight, dt))  # its bias: delta_bias
+        dt = project_within_channels_first(*autocast_operands(self.dt_proj.weight, dt))  # its bias: delta_bias
         # (batch, seqlen, dim) views of channels-first memory: what selective_scan_fn's state-loop
         # kernels take (its output is channels-first too).
         y = selective_scan_fn(x.transpose(1, 2), dt.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2),
@@ -106,14 +107,6 @@ class Mamba(nn.Module):
         dt = F.linear(dt, self.dt_proj.weight)  # the bias goes in as delta_bias, inside the softplus
         y = selective_scan_fn(x, dt, A, B, C, z=z, **scan_args)
         return self.out_proj(y)
-
-
-def _project_within_channels_first(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """weight (out, in) @ x (batch, in, seqlen) -> (batch, out, seqlen), contiguous. Both layouts
-    are channels-first, so plain autograd returns x's gradient contiguous in x's layout too."""
-    if x.shape[0] == 1:  # a plain mm launches faster than bmm
-        return torch.mm(weight, x[0])[None]
-    return torch.bmm(weight.expand(x.shape[0], *weight.shape), x)  # batch stride 0: no copy of the weight
 
 
 class BiMamba(nn.Module):

@@ -8,6 +8,8 @@ operand, so a transposed view costs nothing):
     project_to_channels_first(u, W)        u (batch, seqlen, in)  -> W @ u^T,       (batch, out, seqlen)
     project_from_channels_first(z, W, b)   z (batch, in, seqlen)  -> z^T @ W^T + b, (batch, seqlen, out)
 
+(`project_within_channels_first` is W @ x on channels-first x, for which plain autograd suffices.)
+
 Plain autograd through `W @ u.mT` would hand u its gradient as a transposed view, and every op
 upstream would then run on mixed layouts; here each gradient is written contiguous in its
 input's own layout. The first takes no bias: the Hyena layer adds it inside the short
@@ -86,6 +88,13 @@ class ProjectFromChannelsFirst(torch.autograd.Function):
         dw = _bmm_summed(dy.mT, z.mT) if need_dw else None
         db = dy.sum((0, 1)) if need_db and ctx.has_bias else None
         return dz, dw, db
+
+
+def project_within_channels_first(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """weight (out, in) @ x (batch, in, seqlen) -> (batch, out, seqlen), contiguous. Both sides are
+    channels-first, so plain autograd returns x's gradient contiguous in x's layout too (the Mamba
+    block's x_proj and dt_proj)."""
+    return _bmm(_per_batch(weight, x.shape[0]), x)
 
 
 def project_to_channels_first(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
