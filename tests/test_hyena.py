@@ -19,7 +19,7 @@ from genoflash.ops.hyena import fftconv, fftconv_channels_first, long_conv_refer
 from genoflash.ops.hyena import staging
 from genoflash.ops.hyena.fftconv import fft_size
 from genoflash.ops.hyena.projection import project_from_channels_first, project_to_channels_first
-from genoflash.ops.hyena.short_conv import short_conv, short_conv_reference
+from genoflash.ops.hyena.short_conv import depthwise_conv1d, short_conv, short_conv_reference
 
 from .conftest import HAS_CUDA
 
@@ -559,6 +559,8 @@ def test_short_conv_rejects_bad_arguments():
         short_conv(x, w, None, 1, torch.randn(2), interpreted=True)
     with pytest.raises(ValueError, match="activation must be one of"):
         short_conv(x, w, None, 1, interpreted=True, activation="gelu")
+    with genoflash.use_backend("torch"), pytest.raises(ValueError, match="activation must be one of"):
+        depthwise_conv1d(x, w, None, 1, activation="gelu")  # the torch backend's path, the reference
 
 
 # ---------------------------------------------------------------- projections across the layout

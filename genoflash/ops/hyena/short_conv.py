@@ -41,9 +41,15 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "silu")
 
 
+def _check_activation(activation) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
 def short_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, left: int,
                          input_bias: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
     """The same op by nn.functional: x (batch, channels, seqlen), weight (channels, K)."""
+    _check_activation(activation)
     taps = weight.shape[-1]
     if input_bias is not None:
         x = x + input_bias.to(x.dtype)[:, None]
@@ -207,8 +213,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     input_bias (channels,) or None; then the activation (None or "silu"). x, weight and bias share
     one dtype, float16, bfloat16 or float32 (input_bias may be any float dtype; sums run in
     float32), on CUDA or under TRITON_INTERPRET. Returns y (batch, channels, seqlen), contiguous."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    _check_activation(activation)
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
         raise ValueError(f"expected x (batch, channels, seqlen) and weight (channels, taps), got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
@@ -242,6 +247,4 @@ def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         xt, wt, bt = autocast_operands(x, weight, bias)
         if _kernel_applies(xt, wt, bt, interpreted):
             return short_conv(xt, wt, bt, left, input_bias, interpreted, activation)
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return short_conv_reference(x, weight, bias, left, input_bias, activation)
