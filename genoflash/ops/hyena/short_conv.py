@@ -16,11 +16,15 @@ either way, and the backward recomputes y where it needs silu's derivative inste
 The padding is a load mask, so no padded copy of x is made, and y is written contiguous:
 a program owns BLOCK positions of one (batch, channel) row and reads the K shifted windows
 of x it needs (K is a few taps, so the re-reads hit the cache). The backward is the same
-loop twice: dx is the sum with the taps mirrored, dx[p] = sum_j w[c, j] dy[p + left - j] (dy times silu'(y)
-there, with the activation);
-dw, dbias and dinput_bias (= sum dx) are sums over (batch, time), which each program writes
-as partial sums over its block and PyTorch adds up (no atomics, so the result is
-deterministic).
+loop twice: dx is the sum with the taps mirrored, dx[p] = sum_j w[c, j] g[p + left - j], where
+g is the gradient at the convolution's output; dw, dbias and dinput_bias (= sum dx) are sums
+over (batch, time), which each program writes as partial sums over its block and PyTorch adds
+up (no atomics, so the result is deterministic). Without the activation g is dy. With it,
+g = dy silu'(y) is one pass of its own first (the forward's loop, recomputing y), written in
+dy's dtype as autograd's silu backward writes it: dx needs g at K shifted positions, and
+recomputing y at each of them inside the backward (K^2 loads of x and K sigmoids per position)
+took 6.4 ms at 1M x 512 on an H200, four times what its bytes need (benchmarks/NOTES.md,
+twenty-sixth session). The cost is one (batch, channels, seqlen) buffer during the backward.
 """
 
 from __future__ import annotations
@@ -109,32 +113,44 @@ def _short_conv_fwd_kernel(X, W, BIAS, IN_BIAS, Y, channels, seqlen, n_blocks, s
 
 
 @triton.jit
-def _short_conv_bwd_kernel(DY, X, W, BIAS, IN_BIAS, DX, PARTIAL, channels, seqlen, n_blocks, stride_dyb, stride_dyc,
-                           stride_xb, stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           HAS_INPUT_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_grad_kernel(DY, X, W, BIAS, IN_BIAS, G, channels, seqlen, n_blocks, stride_dyb, stride_dyc, stride_xb,
+                      stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      HAS_INPUT_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """g = dy silu'(y), the gradient at the convolution's output, once per position: y is
+    recomputed as the forward computes it (the forward keeps no y)."""
+    row, block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
+    b, c = row // channels, row % channels
+    t = block * BLOCK + tl.arange(0, BLOCK)
+    in_seq = t < seqlen
+    x_row = X + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
+    dy = tl.load(DY + b.to(tl.int64) * stride_dyb + c.to(tl.int64) * stride_dyc + t, mask=in_seq,
+                 other=0.0).to(tl.float32)
+    g = dy * _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, t, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
+    tl.store(G + row.to(tl.int64) * seqlen + t, g.to(G.dtype.element_ty), mask=in_seq)
+
+
+@triton.jit
+def _short_conv_bwd_kernel(DY, X, W, IN_BIAS, DX, PARTIAL, channels, seqlen, n_blocks, stride_dyb, stride_dyc,
+                           stride_xb, stride_xc, TAPS: tl.constexpr, LEFT: tl.constexpr,
+                           HAS_INPUT_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """dx and this block's partial sums, from DY = g, the gradient at the convolution's output
+    (dy, or _silu_grad_kernel's dy silu'(y) with the activation)."""
     row, block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
     b, c = row // channels, row % channels
     t = block * BLOCK + tl.arange(0, BLOCK)
     in_seq = t < seqlen
     dy_row = DY + b.to(tl.int64) * stride_dyb + c.to(tl.int64) * stride_dyc
     x_row = X + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
-    # dx[p] = sum_j w[c, j] g[p + LEFT - j]: every output that read x[p], through tap j, where g is
-    # the gradient at the convolution's output: dy, or dy silu'(y) with the activation (y is
-    # recomputed at the shifted positions: TAPS more reads of x per tap, all from the cache).
+    # dx[p] = sum_j w[c, j] g[p + LEFT - j]: every output that read x[p], through tap j.
     dx = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TAPS):
         q = t + (LEFT - j)
-        q_in = (q >= 0) & (q < seqlen)
-        g = tl.load(dy_row + q, mask=q_in, other=0.0).to(tl.float32)
-        if SILU:
-            g *= _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, q, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
+        g = tl.load(dy_row + q, mask=(q >= 0) & (q < seqlen), other=0.0).to(tl.float32)
         dx += tl.load(W + c * TAPS + j).to(tl.float32) * g
     tl.store(DX + row.to(tl.int64) * seqlen + t, dx.to(DX.dtype.element_ty), mask=in_seq)
     # This block's share of the sums over (batch, time), PARTIAL[row, block, :]:
     # dw[c, j] = sum g[t] x'[t + j - LEFT] for j < TAPS, then dbias = sum g, then dinput_bias = sum dx.
     g = tl.load(dy_row + t, mask=in_seq, other=0.0).to(tl.float32)  # 0 past the sequence end
-    if SILU:
-        g *= _silu_grad(_conv_at(x_row, W, BIAS, IN_BIAS, c, t, seqlen, TAPS, LEFT, HAS_BIAS, HAS_INPUT_BIAS))
     out = PARTIAL + (row.to(tl.int64) * n_blocks + block) * (TAPS + 2)
     for j in tl.static_range(TAPS):
         x = _load_shifted(x_row, IN_BIAS, c, t + (j - LEFT), seqlen, HAS_INPUT_BIAS)
@@ -174,12 +190,20 @@ def short_conv_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     taps = weight.shape[-1]
     block = _block(interpreted)
     n_blocks = cdiv(seqlen, block)
+    grid = (batch * channels * n_blocks,)
+    if activation == "silu":
+        g = torch.empty(batch, channels, seqlen, dtype=dy.dtype, device=dy.device)
+        _silu_grad_kernel[grid](
+            dy, x, weight, weight if bias is None else bias, weight if input_bias is None else input_bias, g, channels,
+            seqlen, n_blocks, dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), TAPS=taps, LEFT=left,
+            HAS_BIAS=bias is not None, HAS_INPUT_BIAS=input_bias is not None, BLOCK=block)
+        dy = g
     dx = torch.empty(batch, channels, seqlen, dtype=x.dtype, device=x.device)
     partial = torch.empty(batch, channels, n_blocks, taps + 2, dtype=torch.float32, device=x.device)
-    _short_conv_bwd_kernel[(batch * channels * n_blocks,)](
-        dy, x, weight, weight if bias is None else bias, weight if input_bias is None else input_bias, dx, partial,
-        channels, seqlen, n_blocks, dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), TAPS=taps, LEFT=left,
-        HAS_BIAS=bias is not None, HAS_INPUT_BIAS=input_bias is not None, SILU=activation == "silu", BLOCK=block)
+    _short_conv_bwd_kernel[grid](
+        dy, x, weight, weight if input_bias is None else input_bias, dx, partial, channels, seqlen, n_blocks,
+        dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), TAPS=taps, LEFT=left,
+        HAS_INPUT_BIAS=input_bias is not None, BLOCK=block)
     sums = partial.sum((0, 2))  # (channels, taps + 2)
     return dx, sums[:, :taps], sums[:, taps], sums[:, taps + 1]
 
