@@ -322,8 +322,8 @@ def test_channels_first_kernels_within_the_rule(case, sequential_forward, device
     """The state-loop kernels (scan_channels_first.py), which take channels-first u and delta,
     within the rule over several chunks and channel blocks, and taken: a spy counts their
     calls (the forward is forward.py's unless switched off). "odd-length" also checks a length
-    where Triton cannot vectorise the loads; "flipped" forces the adjoint scans as flipped
-    forward scans (the compiled default) on the CPU too."""
+    where Triton cannot vectorise the loads; "flipped" forces the adjoint scans as forward scans
+    over reversed steps (the compiled default) on the CPU too, at an odd length."""
     calls = []
     monkeypatch.setattr(forward, "ENABLED", sequential_forward)
     real_forward = forward.scan_forward
@@ -338,7 +338,8 @@ def test_channels_first_kernels_within_the_rule(case, sequential_forward, device
     torch.manual_seed(17)
     dtype = (torch.bfloat16 if HAS_CUDA else torch.float16) if case.startswith("odd") else torch.float32
     chunk = scan._blocks(20, 5, interpreted=device.type != "cuda")["CHUNK"]
-    seqlen = 1 if case == "one-step" else 3 * chunk + (5 if case.startswith("odd") else 0)
+    # odd lengths end in a partial chunk (with "flipped": the zero padding of the reversed copy of C)
+    seqlen = 1 if case == "one-step" else 3 * chunk + (5 if case.startswith("odd") or case.endswith("flipped") else 0)
     inputs = scan_inputs(2, seqlen, 20, 5, dtype, device, features=case != "no-extras")
     if case.endswith("flipped"):  # B and C as a view of state-major float32 memory: taken without a copy
         inputs["B"], inputs["C"] = (_time_contiguous(inputs[name].float()) for name in ("B", "C"))

@@ -68,12 +68,39 @@ def _decay(dt, a_log2, FAST_EXP: tl.constexpr):
 
 
 @triton.jit
-def _reverse_scan(a, b, FLIP: tl.constexpr):
-    """The reverse linear-recurrence scan of (CHUNK, BLOCK_D) tiles along time."""
-    if FLIP:
-        a_rev, b_rev = tl.associative_scan((tl.flip(a, 0), tl.flip(b, 0)), 0, _linear_recurrence)
-        return tl.flip(a_rev, 0), tl.flip(b_rev, 0)
-    return tl.associative_scan((a, b), 0, _linear_recurrence, reverse=True)
+def _adjoint_order(offs_t, CHUNK: tl.constexpr, FLIP_SCAN: tl.constexpr):
+    """The steps of a chunk in the order the adjoint scans take them. FLIP_SCAN (the compiled
+    default): reversed, element i is step CHUNK - 1 - i, so the reverse-in-time adjoint is a
+    forward associative_scan; the adjoint's inputs are loaded in that order (the masks compare
+    step indices, so they hold in either order). Otherwise as loaded, for reverse=True (the
+    interpreter's choice: there tl.flip is slow)."""
+    if FLIP_SCAN:
+        return CHUNK - 1 - offs_t
+    return offs_t
+
+
+@triton.jit
+def _adjoint_columns_end(n_t, CHUNK: tl.constexpr, FLIP_SCAN: tl.constexpr):
+    """How many of a chunk's elements to read from CA, the C the adjoint scans take (the
+    launcher's _adjoint_columns): all CHUNK of the reversed, zero-padded copy, or the n_t steps
+    of C itself in step order. Either way a contiguous vector load per state (reversed
+    addresses would take a scalar load and a mask per step)."""
+    if FLIP_SCAN:
+        return CHUNK
+    return n_t
+
+
+@triton.jit
+def _adjoint_scan(decay_next, dyc, FLIP_SCAN: tl.constexpr):
+    """(alpha_cum, g_loc) of the adjoint g_t = dy_t C_t + a_{t+1} g_{t+1} over a (CHUNK, BLOCK_D)
+    tile in _adjoint_order: g from a zero carry past the chunk's end, and the decay
+    prod_{t < s <= end + 1} a_s that carries one in. Reversed steps make the reverse scan a
+    forward one: Triton lowers reverse=True to butterfly shuffles across the warp, and flipping
+    the inputs and outputs of a forward scan instead took 64 shuffles per state in the gradient
+    pass (sm_90 SASS, benchmarks/NOTES.md, twenty-sixth session); loading them reversed takes none."""
+    if FLIP_SCAN:
+        return tl.associative_scan((decay_next, dyc), 0, _linear_recurrence)
+    return tl.associative_scan((decay_next, dyc), 0, _linear_recurrence, reverse=True)
 
 
 @triton.jit
@@ -207,27 +234,32 @@ def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dst
 
 
 @triton.jit
-def _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim,
-                       stride_db, stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb, stride_zl,
-                       stride_zd, offs_t, offs_d,
-                       CHUNK: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_Z: tl.constexpr):
-    """What the adjoint scans need besides the states: dt at the next step (1 past the chunk's
-    last step and past the sequence end: dt = 0 there, so a = 1), the core's dy = dout silu(z),
-    and dout and z as loaded (z is dout where there is no gate)."""
-    n_t = seqlen - t0
+def _cf_next_step_size(DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d,
+                       CHUNK: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """dt at the next step, at the steps offs_t (any order): 0 one past the chunk's last step and
+    past the sequence end, so a = 1 there (the decay into the next chunk comes with its carry)."""
     dt_next, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0 + 1, d0, dim, stride_db, stride_dl, stride_dd, offs_t,
-                            offs_d, tl.minimum(n_t - 1, CHUNK - 1), HAS_BIAS, SOFTPLUS)
+                            offs_d, tl.minimum(seqlen - t0 - 1, CHUNK - 1), HAS_BIAS, SOFTPLUS)
+    return dt_next
+
+
+@triton.jit
+def _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb, stride_zl,
+                   stride_zd, offs_t, offs_d, HAS_Z: tl.constexpr):
+    """The core's dy = dout silu(z) at the steps offs_t (any order), and dout and z as loaded (z
+    is dout where there is no gate)."""
+    n_t = seqlen - t0
     dout = _tile_at(DOUT, off_b, t0, d0, stride_ob, stride_ol, stride_od, offs_t, offs_d, n_t, dim - d0)
     z = dout
     dy = dout
     if HAS_Z:
         z = _tile_at(Z, off_b, t0, d0, stride_zb, stride_zl, stride_zd, offs_t, offs_d, n_t, dim - d0)
         dy = dout * (z * _sigmoid(z))
-    return dt_next, dy, dout, z
+    return dy, dout, z
 
 
 @triton.jit
-def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, dstate,
+def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, CA, DOUT, Z, Y_LOC, seqlen, dim, dstate,
                          stride_db, stride_dl, stride_dd, stride_ad, stride_an, stride_cb, stride_cl, stride_cn,
                          stride_ob, stride_ol, stride_od, stride_zb, stride_zl, stride_zd, stride_sb, stride_sc,
                          stride_sd, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr,
@@ -244,27 +276,31 @@ def _cf_bwd_local_kernel(DELTA, DELTA_BIAS, A, C, DOUT, Z, Y_LOC, seqlen, dim, d
     dt, _ = _step_size(DELTA, DELTA_BIAS, off_b, t0, d0, dim, stride_db, stride_dl, stride_dd, offs_t, offs_d, n_t,
                        HAS_BIAS, SOFTPLUS)
     dt_first = _time_row(dt, offs_t, 0)
-    dt_next, dy, _, _ = _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim, stride_db,
-                                           stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb,
-                                           stride_zl, stride_zd, offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS, HAS_Z)
+    # Everything the adjoint scan reads, in its order.
+    offs_a = _adjoint_order(offs_t, CHUNK, FLIP_SCAN)
+    dt_next = _cf_next_step_size(DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_db, stride_dl, stride_dd,
+                                 offs_a, offs_d, CHUNK, HAS_BIAS, SOFTPLUS)
+    dy, _, _ = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
+                              stride_zl, stride_zd, offs_a, offs_d, HAS_Z)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
-    a_nxt, c_nxt = _state_columns(A, C, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
+    n_ta = _adjoint_columns_end(n_t, CHUNK, FLIP_SCAN)
+    a_nxt, c_nxt = _state_columns(A, CA, 0, off_b, t0, d0, offs_t, offs_d, n_ta, d_mask, stride_ad, stride_an,
                                   stride_cb, stride_cl, stride_cn)
     for n in range(0, dstate):
         a_col, c_col = a_nxt, c_nxt
-        a_nxt, c_nxt = _state_columns(A, C, _next_state(n, dstate), off_b, t0, d0, offs_t, offs_d, n_t, d_mask,
+        a_nxt, c_nxt = _state_columns(A, CA, _next_state(n, dstate), off_b, t0, d0, offs_t, offs_d, n_ta, d_mask,
                                       stride_ad, stride_an, stride_cb, stride_cl, stride_cn)
-        _, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None],
-                                 FLIP_SCAN)
-        tl.store(Y_LOC + s_off + n, _decay(dt_first, a_col * LOG2E, FAST_EXP) * _time_row(g_loc, offs_t, 0),
+        _, g_loc = _adjoint_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None], FLIP_SCAN)
+        tl.store(Y_LOC + s_off + n, _decay(dt_first, a_col * LOG2E, FAST_EXP) * _time_row(g_loc, offs_a, 0),
                  mask=d_mask)
 
 
 @triton.jit
-def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA, DZ,
+def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, CA, D, Z, DOUT, H, X, DU, DDELTA, DZ,
                      DA_PART, DB_PART, DC_PART, DD_PART, DBIAS_PART, seqlen, dim, dstate,
                      stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
-                     stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn,
+                     stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn, stride_cab, stride_cal,
+                     stride_can,
                      stride_zb, stride_zl, stride_zd, stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
                      stride_pk, stride_pb, stride_pl, stride_vb, stride_vc,
                      CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -281,9 +317,17 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
         U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
         stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     row_mask = offs_t < n_t
-    dt_next, dy, dout, z = _cf_adjoint_inputs(DELTA, DELTA_BIAS, DOUT, Z, off_b, t0, d0, seqlen, dim, stride_db,
-                                              stride_dl, stride_dd, stride_ob, stride_ol, stride_od, stride_zb,
-                                              stride_zl, stride_zd, offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS, HAS_Z)
+    dy, _, _ = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
+                              stride_zl, stride_zd, offs_t, offs_d, HAS_Z)
+    # What the adjoint scan reads, in its order (_adjoint_order); g comes back to step order once
+    # per state, the only flip left.
+    offs_a = _adjoint_order(offs_t, CHUNK, FLIP_SCAN)
+    dt_next_a = _cf_next_step_size(DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_db, stride_dl, stride_dd,
+                                   offs_a, offs_d, CHUNK, HAS_BIAS, SOFTPLUS)
+    dy_a = dy
+    if FLIP_SCAN:
+        dy_a, _, _ = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
+                                    stride_zl, stride_zd, offs_a, offs_d, HAS_Z)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
     if ATOMIC:
         part = off_b.to(tl.int64) * stride_pb + (t0 + offs_t).to(tl.int64) * stride_pl
@@ -296,21 +340,26 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
     a_nxt, b_nxt = _state_columns(A, B, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
                                   stride_bb, stride_bl, stride_bn)
     c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+    n_ta = _adjoint_columns_end(n_t, CHUNK, FLIP_SCAN)
+    ca_nxt = _state_column(CA, off_b, t0, 0, stride_cab, stride_cal, stride_can, offs_t, n_ta)
     h_nxt = tl.load(H + s_off, mask=d_mask, other=0.0)
     x_nxt = tl.load(X + s_off, mask=d_mask, other=0.0)
     for n in range(0, dstate):
-        a_col, b_col, c_col, h_init, x_init = a_nxt, b_nxt, c_nxt, h_nxt, x_nxt
+        a_col, b_col, c_col, ca_col, h_init, x_init = a_nxt, b_nxt, c_nxt, ca_nxt, h_nxt, x_nxt
         m = _next_state(n, dstate)
         a_nxt, b_nxt = _state_columns(A, B, m, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
                                       stride_bb, stride_bl, stride_bn)
         c_nxt = _state_column(C, off_b, t0, m, stride_cb, stride_cl, stride_cn, offs_t, n_t)
+        ca_nxt = _state_column(CA, off_b, t0, m, stride_cab, stride_cal, stride_can, offs_t, n_ta)
         h_nxt = tl.load(H + s_off + m, mask=d_mask, other=0.0)
         x_nxt = tl.load(X + s_off + m, mask=d_mask, other=0.0)
         b, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
         h = h_loc + a_cum * h_init[None, :]
-        alpha_cum, g_loc = _reverse_scan(_decay(dt_next, (a_col * LOG2E)[None, :], FAST_EXP), dy * c_col[:, None],
-                                         FLIP_SCAN)
+        alpha_cum, g_loc = _adjoint_scan(_decay(dt_next_a, (a_col * LOG2E)[None, :], FAST_EXP),
+                                         dy_a * ca_col[:, None], FLIP_SCAN)
         g = g_loc + alpha_cum * x_init[None, :]
+        if FLIP_SCAN:
+            g = tl.flip(g, 0)                                              # back to step order
         g_hb = g * (h - b)                                                 # g a h[t-1]
         gb_sum += g * b_col[:, None]
         ddt += g_hb * a_col[None, :]
@@ -335,6 +384,9 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, DOUT, H, X, DU, DDELTA
     tl.store(DU + o_off, du.to(DU.dtype.element_ty), mask=td_mask)
     tl.store(DDELTA + o_off, ddelta.to(DDELTA.dtype.element_ty), mask=td_mask)
     if HAS_Z:
+        # dout and z again, loaded here rather than kept in registers through the loop over states
+        _, dout, z = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
+                                    stride_zl, stride_zd, offs_t, offs_d, HAS_Z)
         sig = _sigmoid(z)
         y += u * d_skip[None, :]
         tl.store(DZ + o_off, (dout * y * (sig * (1.0 + z * (1.0 - sig)))).to(DZ.dtype.element_ty), mask=td_mask)
@@ -370,6 +422,20 @@ def _state_major(x: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.float32 and x.stride(1) == 1 and x.stride(2) == x.shape[1]:
         return x
     return x.float().transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _adjoint_columns(C: torch.Tensor, chunk: int, flip: bool) -> torch.Tensor:
+    """C as the adjoint scans read it (_adjoint_order, _adjoint_columns_end): with flip, float32,
+    each chunk's steps reversed (element t0 + i is step t0 + chunk - 1 - i) and zero past the
+    sequence end, state-major as _state_major; C itself otherwise. A copy of dstate values per
+    step, small beside the dim-wide tensors."""
+    if not flip:
+        return C
+    batch, seqlen, dstate = C.shape
+    padded_len = cdiv(seqlen, chunk) * chunk
+    padded = torch.zeros(batch, dstate, padded_len, device=C.device, dtype=torch.float32)
+    padded[:, :, :seqlen] = C.transpose(1, 2)
+    return padded.view(batch, dstate, padded_len // chunk, chunk).flip(-1).reshape(batch, dstate, padded_len).transpose(1, 2)
 
 
 def _empty_channels_first(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -425,11 +491,13 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     flags = _flags(D, z, delta_bias, softplus)
     bias, d_skip, gate = (u if t is None else t for t in (delta_bias, D, z))  # placeholders where not given
     s_strides = _strides3(h0)
+    flip = _flip_reverse_scan(interpreted)
+    c_adj = _adjoint_columns(C, cfg["CHUNK"], flip)
     y_loc, carried = torch.empty_like(h0), torch.empty_like(h0)
-    _cf_bwd_local_kernel[grid](delta, bias, A, C, dout, gate, y_loc, seqlen, dim, dstate, *_strides3(delta),
-                               A.stride(0), A.stride(1), *_strides3(C), *_strides3(dout), *_strides3(gate),
+    _cf_bwd_local_kernel[grid](delta, bias, A, c_adj, dout, gate, y_loc, seqlen, dim, dstate, *_strides3(delta),
+                               A.stride(0), A.stride(1), *_strides3(c_adj), *_strides3(dout), *_strides3(gate),
                                *s_strides, HAS_BIAS=flags["HAS_BIAS"], SOFTPLUS=flags["SOFTPLUS"],
-                               HAS_Z=flags["HAS_Z"], FLIP_SCAN=_flip_reverse_scan(interpreted), **cfg)
+                               HAS_Z=flags["HAS_Z"], FLIP_SCAN=flip, **cfg)
     _carry_walk(y_loc, decay, carried, True, _blocks(dim, dstate, interpreted))
     del y_loc
     # The gradient kernel writes du, ddelta and dz with dout's strides; dout is dense, so
@@ -445,12 +513,12 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     vec_part = [torch.empty(batch, n_chunks, dim, device=u.device, dtype=torch.float32) if given else None
                 for given in (flags["HAS_D"], flags["HAS_BIAS"])]
     dd_part, dbias_part = (da_part if t is None else t for t in vec_part)  # placeholders where not given
-    _cf_grads_kernel[grid](u, delta, bias, A, B, C, d_skip, gate, dout, h0, carried, du, ddelta, dz, da_part, db_part,
-                           dc_part, dd_part, dbias_part, seqlen, dim, dstate, *_strides3(u), *_strides3(delta),
-                           A.stride(0), A.stride(1), *_strides3(B), *_strides3(C), *_strides3(gate),
+    _cf_grads_kernel[grid](u, delta, bias, A, B, C, c_adj, d_skip, gate, dout, h0, carried, du, ddelta, dz, da_part,
+                           db_part, dc_part, dd_part, dbias_part, seqlen, dim, dstate, *_strides3(u),
+                           *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B), *_strides3(C),
+                           *_strides3(c_adj), *_strides3(gate),
                            *_strides3(dout), *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2),
-                           n_chunks * dim, dim, **flags, ATOMIC=not deterministic,
-                           FLIP_SCAN=_flip_reverse_scan(interpreted), **cfg)
+                           n_chunks * dim, dim, **flags, ATOMIC=not deterministic, FLIP_SCAN=flip, **cfg)
     del carried
     dD, dbias = (None if t is None else t.sum((0, 1)) for t in vec_part)
     return (du, ddelta, da_part.sum((0, 1)), db_part.sum(0), dc_part.sum(0), dD, dz if z is not None else None,
