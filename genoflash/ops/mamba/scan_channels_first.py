@@ -317,17 +317,17 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, CA, D, Z, DOUT, H, X, DU, DD
         U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
         stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
     row_mask = offs_t < n_t
-    dy, _, _ = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
-                              stride_zl, stride_zd, offs_t, offs_d, HAS_Z)
-    # What the adjoint scan reads, in its order (_adjoint_order); g comes back to step order once
-    # per state, the only flip left.
-    offs_a = _adjoint_order(offs_t, CHUNK, FLIP_SCAN)
+    dy, dout, z = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
+                                 stride_zl, stride_zd, offs_t, offs_d, HAS_Z)
     dt_next_a = _cf_next_step_size(DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_db, stride_dl, stride_dd,
-                                   offs_a, offs_d, CHUNK, HAS_BIAS, SOFTPLUS)
+                                   offs_t, offs_d, CHUNK, HAS_BIAS, SOFTPLUS)
     dy_a = dy
     if FLIP_SCAN:
-        dy_a, _, _ = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
-                                    stride_zl, stride_zd, offs_a, offs_d, HAS_Z)
+        # What the adjoint scan reads, in its order (_adjoint_order): the two tiles flipped once
+        # per chunk (their loads stay vectorised), C's columns from the reversed copy; g comes
+        # back to step order once per state.
+        dt_next_a = tl.flip(dt_next_a, 0)
+        dy_a = tl.flip(dy, 0)
     s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
     if ATOMIC:
         part = off_b.to(tl.int64) * stride_pb + (t0 + offs_t).to(tl.int64) * stride_pl
@@ -384,9 +384,6 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, CA, D, Z, DOUT, H, X, DU, DD
     tl.store(DU + o_off, du.to(DU.dtype.element_ty), mask=td_mask)
     tl.store(DDELTA + o_off, ddelta.to(DDELTA.dtype.element_ty), mask=td_mask)
     if HAS_Z:
-        # dout and z again, loaded here rather than kept in registers through the loop over states
-        _, dout, z = _cf_gated_dout(DOUT, Z, off_b, t0, d0, seqlen, dim, stride_ob, stride_ol, stride_od, stride_zb,
-                                    stride_zl, stride_zd, offs_t, offs_d, HAS_Z)
         sig = _sigmoid(z)
         y += u * d_skip[None, :]
         tl.store(DZ + o_off, (dout * y * (sig * (1.0 + z * (1.0 - sig)))).to(DZ.dtype.element_ty), mask=td_mask)
