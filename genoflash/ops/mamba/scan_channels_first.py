@@ -27,7 +27,13 @@ local 163 -> 96, output 230 -> 127, backward local 237 -> 116, gradients 728 -> 
 changes: B and C read as state-major float32 (`_state_major`: one vector load per run of steps,
 where each step took a scalar load, a 64-bit address and a conversion), the adjoint scans as
 flipped forward scans (Triton lowers reverse=True with butterfly shuffles across the warp), and
-the decays as ex2.approx.ftz of dt * A log2(e) (`_decay`).
+the decays as ex2.approx.ftz of dt * A log2(e) (`_decay`). Then (twenty-sixth session) the
+adjoint scans take their inputs already in reversed step order (`_adjoint_order`; C's columns
+from a chunk-reversed copy, `_adjoint_columns`) instead of flipping two tiles in and two out per
+state (16 shuffles each): backward local 118 -> 81 per state (8.7 -> 6.2 ms at 1M x 512 on the
+H200), gradients 525 -> 482 with one flip left per state (g back to step order). The gradient
+pass's time did not follow its instruction count (57.0 -> 56.7 ms): its 8 warps per SM wait on
+each state's chain of scans, shuffles and barriers, not on issue.
 """
 
 from __future__ import annotations
@@ -97,7 +103,8 @@ def _adjoint_scan(decay_next, dyc, FLIP_SCAN: tl.constexpr):
     prod_{t < s <= end + 1} a_s that carries one in. Reversed steps make the reverse scan a
     forward one: Triton lowers reverse=True to butterfly shuffles across the warp, and flipping
     the inputs and outputs of a forward scan instead took 64 shuffles per state in the gradient
-    pass (sm_90 SASS, benchmarks/NOTES.md, twenty-sixth session); loading them reversed takes none."""
+    pass (sm_90 SASS, benchmarks/NOTES.md, twenty-sixth session). With the inputs in reversed
+    order, the backward local pass flips nothing and the gradient pass flips g once per state."""
     if FLIP_SCAN:
         return tl.associative_scan((decay_next, dyc), 0, _linear_recurrence)
     return tl.associative_scan((decay_next, dyc), 0, _linear_recurrence, reverse=True)
