@@ -439,7 +439,8 @@ def _adjoint_columns(C: torch.Tensor, chunk: int, flip: bool) -> torch.Tensor:
     padded_len = cdiv(seqlen, chunk) * chunk
     padded = torch.zeros(batch, dstate, padded_len, device=C.device, dtype=torch.float32)
     padded[:, :, :seqlen] = C.transpose(1, 2)
-    return padded.view(batch, dstate, padded_len // chunk, chunk).flip(-1).reshape(batch, dstate, padded_len).transpose(1, 2)
+    reversed_chunks = padded.view(batch, dstate, padded_len // chunk, chunk).flip(-1)
+    return reversed_chunks.reshape(batch, dstate, padded_len).transpose(1, 2)
 
 
 def _empty_channels_first(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
