@@ -460,7 +460,8 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 # Below this many chunks one sequential walk is short enough.
 _ONE_LEVEL_CHUNKS = 16
 
-# Whether the backward scans the adjoint as a flipped forward scan (_chunk_adjoint). None: where the
+# Whether the backward scans the adjoint as a flipped forward scan (_chunk_adjoint; in
+# scan_channels_first.py, a forward scan over inputs read in reversed step order). None: where the
 # kernels are compiled. The interpreter runs tl.flip slowly (the scan tests took ~3x as long), so
 # CPU runs take reverse=True unless a test sets this to True (tests/test_mamba.py does, for both).
 FLIP_REVERSE_SCAN: bool | None = None
