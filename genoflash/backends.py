@@ -1,47 +1,33 @@
 """Which implementation runs an op: `triton`, `torch` or `reference`.
 
-Chosen per call, in this order:
-1. the innermost `genoflash.use_backend(name)` context, if any;
-2. the environment variable `GENOFLASH_BACKEND`, if set;
-3. by device: CUDA tensors run the Triton kernels, anything else the `torch` backend.
+Chosen per call: the `backend` setting (`genoflash.settings(backend=...)`, or its shorthand
+`genoflash.use_backend(name)`) if one is set, else by device: CUDA tensors run the Triton
+kernels, anything else the `torch` backend.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 
-BACKENDS = ("triton", "torch", "reference")
+from .settings import BACKENDS, current, settings
 
-_override: contextvars.ContextVar[str | None] = contextvars.ContextVar("genoflash_backend", default=None)
-
-
-def _check_name(name: str, source: str) -> str:
-    if name not in BACKENDS:
-        raise ValueError(f"{source}: unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    return name
+__all__ = ["BACKENDS", "select_backend", "triton_interpreted", "use_backend"]
 
 
-@contextlib.contextmanager
 def use_backend(name: str):
-    """Run genoflash ops inside this block with the given backend."""
-    token = _override.set(_check_name(name, "use_backend(name)"))
-    try:
-        yield
-    finally:
-        _override.reset(token)
+    """Run genoflash ops inside this block with the given backend: `settings(backend=name)`."""
+    if name not in BACKENDS:
+        raise ValueError(f"use_backend(name): unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return settings(backend=name)
 
 
 def triton_interpreted() -> bool:
+    """Whether triton runs its kernels on the CPU (TRITON_INTERPRET=1, set before importing genoflash)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def select_backend(device) -> str:
-    name = _override.get()
+    name = current().backend
     if name is not None:
         return name
-    env = os.environ.get("GENOFLASH_BACKEND")
-    if env:
-        return _check_name(env, "GENOFLASH_BACKEND")
     return "triton" if device.type == "cuda" else "torch"

@@ -6,17 +6,18 @@ import os
 
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
+if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import math  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.utils import HAS_CUDA  # noqa: E402
+
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_tests.sh on one)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run tools/gpu_tests.sh on one)")
     # Minutes-long runs (the demo at its full CPU size, ~2.5 min on 2 cores) stay out of CI;
     # GENOFLASH_SLOW=1 runs them.
     skip_slow = pytest.mark.skip(reason="long-running: set GENOFLASH_SLOW=1")

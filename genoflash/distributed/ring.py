@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..ops.attention.interface import _check_qkv, flash_attn_block_backward, flash_attn_func
+from ..ops.attention.interface import flash_attn_block_backward, flash_attn_func
+from ..ops.attention.validation import check_qkv
 from ..ops.rotary import apply_rotary_emb
 from .sharding import LAYOUTS, shard_positions
 
@@ -184,7 +185,7 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("ring_flash_attn_func needs an initialised torch.distributed process group "
                            "(torch.distributed.init_process_group, e.g. under torchrun)")
-    _check_qkv(q, k, v, varlen=False)
+    check_qkv(q, k, v, varlen=False)
     layout = layout or ("zigzag" if causal else "contiguous")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")

@@ -6,8 +6,7 @@ import torch
 from torch import nn
 
 from ..ops.attention import flash_attn_func, flash_attn_varlen_func
-from ..ops.rotary import apply_rotary_emb
-from ..rotary import rotary_tables
+from ..ops.rotary import apply_rotary_emb, rotary_tables
 
 
 class RotaryTables(nn.Module):
@@ -52,9 +51,8 @@ class MultiHeadAttention(nn.Module):
             the attention kernels, so that no rotated copy is ever written. The pass costs one q-
             and one k-sized tensor (+5% peak memory for the layer) and is the faster of the two:
             the layer's fwd+bwd took 19.4 ms against 27.8 fused at H16 N16k hd128 on the H200
-            (140 against 209 at H8 N64k; results/h200-2026-12-01-rope-pass-eefc7e2.json). In the
-            kernels every query tile rotates every key tile again, which costs at least ~10%
-            (benchmarks/NOTES.md, seventeenth session).
+            (140 against 209 at H8 N64k). In the kernels every query tile rotates every key tile
+            again, which costs at least ~10% (docs/design/fused-rope-dropout.md).
     """
 
     def __init__(self, dim: int, nheads: int, nheads_k: int | None = None, head_dim: int | None = None,
@@ -81,7 +79,7 @@ class MultiHeadAttention(nn.Module):
 
         For 16-bit q and k the tables are float16: the forward then fits 128x128 tiles in shared
         memory and took 7.59 ms against 9.05 ms with float32 tables at H16 N16k hd128 on the H200
-        (benchmarks/results/h200-2026-11-30-rope-probe-37252a0.json). The angles are still made
+        (docs/design/fused-rope-dropout.md). The angles are still made
         in float64; float16's 11-bit mantissa is finer than bfloat16 q and k, and the kernels
         rotate in float32, so the only change is each cos/sin rounded to within 2^-11."""
         dtype = torch.float16 if q.dtype in (torch.float16, torch.bfloat16) else torch.float32

@@ -9,6 +9,7 @@ import dataclasses
 
 import torch
 
+from ...settings import Settings
 from .dropout import DropoutArgs
 
 
@@ -31,8 +32,12 @@ class AttentionArgs:
     rotary_sin: torch.Tensor | None = None
     rotary_interleaved: bool = False
     dropout: DropoutArgs | None = None  # None: no dropout (p = 0 compiles without any dropout code)
-    # False: the triton backward may sum dQ with atomics (one pass fewer, not bitwise reproducible).
+    # False: on Hopper the backward may run as one pass that sums dQ in float32 in no fixed order
+    # (backward_sm90.py; not bitwise reproducible).
     deterministic: bool = True
+    # genoflash.settings() as they were when the call was made: the backward, which autograd may
+    # run on another thread, runs with the forward's settings.
+    settings: Settings = Settings()
 
     @property
     def rotary_dim(self) -> int:

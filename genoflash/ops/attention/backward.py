@@ -3,14 +3,14 @@
 Two launches, neither of which holds a seqlen_q x seqlen_k tensor:
 1. dQ: each program owns one query tile and streams the key tiles it sees. Before its loop it
    also writes delta_i = rowsum(dO_i * O_i), one fp32 per query row of its tile, which pass 2
-   reads (a light pass of its own until 2026-12-01: one launch more per backward);
+   reads (no light pass of its own: one launch fewer per backward);
 2. dK/dV: each program owns one key tile of one K/V head and streams the query tiles
    (of every query head in its GQA group) that see it.
 
 Every output element is written by exactly one program, with no atomics, so the
-backward is bit-for-bit deterministic. The price is recomputing P in both passes.
-(deterministic=False allows the one-pass form below, where the dK/dV pass also sums dQ with
-atomics; delta then comes from the light pass `_attn_bwd_preprocess_kernel`.)
+backward is bit-for-bit deterministic. The price is recomputing P in both passes. On Hopper,
+deterministic=False takes the one-pass Gluon backward instead where it applies
+(backward_sm90.py); docs/design/attention-backward.md says why the passes are built this way.
 
 With s = q.k, P = exp(score(s) - lse) where score = scale*s (softcapped, plus ALiBi),
 dP = dO.V^T and dS = P * (dP - delta) the gradient w.r.t. the score:
@@ -20,59 +20,52 @@ with score' = 1 - tanh^2 under softcap and 1 otherwise.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 import triton.language as tl
 
-from ...backends import triton_interpreted
-from ..host import cdiv
-from . import backward_sm90, plans
-from .block_info import _kv_block_range, _q_block_range
-from .configs import LIGHT_PASS_TILES, backward_config, dkdv_group_split, value_blocks
-from .launch import launch
+from ..common.host import cdiv
+from . import plans
 from .args import AttentionArgs
-from .forward import alibi_pointer, feature_args, head_block, kernel_geometry, qk_blocks, seq_strides
+from .block_info import _kv_block_range, _q_block_range
+from .channel_groups import (_load_pt_tma, _load_qk, _load_qk_tma, _qk_dot, _qk_grad_update,
+                             _store_qk_grad)
+from .configs import backward_config, dkdv_group_split, small_buffer, value_blocks
+from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
 from .dropout import DROPOUT_RUNTIME_ARGS
+from .kernel_args import alibi_pointer, feature_args, kernel_geometry, qk_blocks, seq_strides
+from .launch import launch, not_replayable
 from .mask import _dropout_keep, _mask_tile_scores
-from .rotary import (_atomic_add_qk_grad, _load_pt_tma, _load_qk, _load_qk_grad_groups, _load_qk_tma, _qk_dot,
-                     _qk_grad_of_transposed, _qk_grad_update, _store_qk_grad)
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _lse_for_recompute, _rowsum_o_do
 from .tile_scheduler import _tile_of_program
-from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
-from .tiles import (_atomic_add_tile_tma, _atomic_add_tile_tma_at, _head_base, _load_tile, _load_tile_tma,
-                    _load_tile_tma_at, _row_ptr, _store_tile)
+from .tiles import _head_base, _load_tile, _load_tile_tma, _load_tile_tma_at, _row_ptr, _store_tile
+
+try:  # Gluon's Hopper API (triton's experimental dialect) moves between releases
+    from . import backward_sm90
+    UNAVAILABLE = ""
+except (ImportError, AttributeError) as error:  # pragma: no cover - depends on the installed triton
+    backward_sm90 = None
+    UNAVAILABLE = (f"genoflash's one-pass Hopper backward needs triton's Gluon Hopper API, which this triton "
+                   f"({triton.__version__}) lacks ({error}); the two-pass backward runs instead (correct, "
+                   f"slower). triton 3.6 has it.")
+_told = False
 
 
-@triton.jit
-def _attn_bwd_preprocess_kernel(
-    O, DO, DELTA, CU_SEQLENS_Q,
-    stride_ob, stride_om, stride_oh,
-    stride_dob, stride_dom, stride_doh,
-    stride_delta_b, stride_delta_h,
-    nheads, seqlen_q, num_m_blocks,
-    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
-):
-    start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, False)
-    q_start, seqlen_q, _, _ = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_Q, seqlen_q, seqlen_q, IS_VARLEN)
-    if start_m >= seqlen_q:
-        return
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    row = q_start + start_m
-    do = _load_tile(_row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), row, stride_dom), offs_m,
-                    seqlen_q - start_m, stride_dom, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
-    delta = _rowsum_o_do(_row_ptr(_head_base(O, off_b, off_h, stride_ob, stride_oh), row, stride_om), do, offs_m,
-                         seqlen_q - start_m, stride_om, offs_dv, HEAD_DIM_V, BLOCK_DV)
-    delta_ptr = _row_ptr(_head_base(DELTA, off_b, off_h, stride_delta_b, stride_delta_h), row, 1)
-    tl.store(delta_ptr + offs_m, delta, mask=offs_m < seqlen_q - start_m)
+def _say_once_why_hopper_runs_two_passes(device) -> None:
+    """A warning, once per process, where the Gluon backward would have run but cannot be imported."""
+    global _told
+    if not _told and torch.cuda.get_device_capability(device) == (9, 0):
+        _told = True
+        warnings.warn(UNAVAILABLE, RuntimeWarning, stacklevel=3)
 
 
 @triton.jit
 def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base, delta_base,
-                         stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc, stride_dqm, off_b, off_h,
-                         start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                         stride_qm, stride_dom, q_desc, qt_desc, off_b, off_h, start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -82,8 +75,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_b
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr,
                          ROTARY_INTERLEAVED: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASKED: tl.constexpr,
-                         EDGES_ONLY: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-                         FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+                         EDGES_ONLY: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr):
     """Accumulate one key tile's dK (unscaled, rotated frame, as groups a/b/p) and dV over
     query rows [lo, hi) of one head. MASKED masks the scores of every query tile; with
     EDGES_ONLY as well, only those outside [mid_lo, mid_hi), which straddle a mask boundary.
@@ -102,7 +94,7 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_b
     for start_m in range(lo, hi, BLOCK_M):
         rows = (start_m + offs_m)[None, :]
         # dO always by pointers: by TMA as well, this kernel (at 255 registers) spilled or
-        # crashed ptxas (benchmarks/NOTES.md).
+        # crashed ptxas (docs/design/attention-backward.md).
         if TMA:  # no RoPE (host check): Q is the groups p (and t); rows past the end read as 0
             qp, qt = _load_pt_tma(q_desc, qt_desc, off_b, start_m, off_h, 0, BLOCK_P, BLOCK_T, BLOCK_M)
             qa = qp  # never read without RoPE
@@ -149,38 +141,18 @@ def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_b
         dsT = dsT.to(qp.dtype)
         dka, dkb, dkp, dkt = _qk_grad_update(dka, dkb, dkp, dkt, dsT, qa, qb, qp, qt, HEAD_DIM, ROTARY_DIM, BLOCK_T,
                                              INPUT_PRECISION)
-        if FUSED_DQ:  # deterministic=False: this pair of tiles' share of dQ = dS K, added atomically
-            if BLOCK_M < 64 and BLOCK_P >= 64:  # as (K^T dS^T)^T, so that the dot stays on wgmma
-                gqa, gqb, gqp, gqt = _qk_grad_of_transposed(dsT, ka, kb, kp, kt, BLOCK_M, BLOCK_R, BLOCK_P, BLOCK_T,
-                                                            HEAD_DIM, ROTARY_DIM, INPUT_PRECISION)
-            else:
-                zeros_r = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-                zeros_t = tl.zeros([BLOCK_M, BLOCK_T if BLOCK_T > 0 else 16], dtype=tl.float32)
-                gqa, gqb, gqp, gqt = _qk_grad_update(zeros_r, zeros_r, tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32),
-                                                     zeros_t, tl.trans(dsT), ka, kb, kp, kt, HEAD_DIM, ROTARY_DIM,
-                                                     BLOCK_T, INPUT_PRECISION)
-            if DQ_TMA:  # no RoPE (host check): dQ is the channel groups p (and t)
-                _atomic_add_tile_tma(dq_desc, gqp, off_b, start_m, off_h, BLOCK_M, BLOCK_P)
-                if BLOCK_T > 0:
-                    _atomic_add_tile_tma_at(dqt_desc, gqt, off_b, start_m, off_h, BLOCK_P, BLOCK_M, BLOCK_T)
-            else:
-                _atomic_add_qk_grad(_row_ptr(dq_base, start_m, stride_dqm), gqa, gqb, gqp, gqt, offs_m,
-                                    seqlen_q - start_m, stride_dqm, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T,
-                                    ROTARY_INTERLEAVED)
     return dka, dkb, dkp, dkt, dv, dvt
 
 
 @triton.jit(do_not_specialize=DROPOUT_RUNTIME_ARGS)
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACCUM, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc, dq_desc,
-    qt_desc, dqt_desc,
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI_SLOPES, COS, SIN, q_desc, qt_desc,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
-    stride_dqab, stride_dqam, stride_dqah,
     stride_lse_b, stride_lse_h, stride_alibi_b, stride_rot,
     nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, softmax_scale,
     qk_scale_log2, window_left, window_right, softcap_in, softcap_out, alibi_to_raw,
@@ -192,8 +164,8 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
-    DQ_TMA: tl.constexpr, GROUP_SPLIT: tl.constexpr, MASK_EDGES_ONLY: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr, GROUP_SPLIT: tl.constexpr,
+    MASK_EDGES_ONLY: tl.constexpr,
 ):
     # Key tiles near the start are seen by the most causal queries; they go first as is.
     start_n, off_b, off_hk = _tile_of_program(tl.program_id(0), num_n_blocks, nheads_k, BLOCK_N, False)
@@ -243,9 +215,6 @@ def _attn_bwd_dkdv_kernel(
         do_base = _row_ptr(_head_base(DO, off_b, off_h, stride_dob, stride_doh), q_start, stride_dom)
         lse_base = _row_ptr(_head_base(LSE, off_b, off_h, stride_lse_b, stride_lse_h), q_start, 1)
         delta_base = _row_ptr(_head_base(DELTA, off_b, off_h, stride_lse_b, stride_lse_h), q_start, 1)
-        dq_base = DQ_ACCUM  # unused unless FUSED_DQ
-        if FUSED_DQ:
-            dq_base = _row_ptr(_head_base(DQ_ACCUM, off_b, off_h, stride_dqab, stride_dqah), q_start, stride_dqam)
         slope_raw = 0.0
         if HAS_ALIBI:
             slope_raw = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_h) * alibi_to_raw
@@ -254,14 +223,13 @@ def _attn_bwd_dkdv_kernel(
             # One loop over every visible query tile, the masked edges (the causal diagonal, a
             # window's two edges) included. As three loops (masked edge, whole tiles, masked edge,
             # as the forward and the dQ pass have them) ptxas serialised every wgmma of this kernel
-            # (its note C7515 at sm_90; benchmarks/offline_compile.py marks such kernels
+            # (its note C7515 at sm_90; tools/offline_compile.py marks such kernels
             # WGMMA-SERIALIZED): the dK/dV accumulators flow from one loop into the next.
             # MASK_EDGES_ONLY masks the edge tiles alone, behind a branch; off, every tile is masked
             # (no branch), where the branch serialised the wgmma (BackwardConfig.dkdv_mask_every_tile).
             dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
                                       dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
-                                      stride_dqam,
+                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc,
                                       off_b, off_h, start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
@@ -269,7 +237,7 @@ def _attn_bwd_dkdv_kernel(
                                       BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
                                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                                       ROTARY_INTERLEAVED,
-                                      HAS_DROPOUT, True, MASK_EDGES_ONLY, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+                                      HAS_DROPOUT, True, MASK_EDGES_ONLY, INPUT_PRECISION, TMA)
         else:
             # Full attention: the whole tiles' loop between two edge loops that are empty at run
             # time. One loop alone compiled worse at sm_90 (dropout's kernel serialised its wgmma,
@@ -282,8 +250,7 @@ def _attn_bwd_dkdv_kernel(
                 part_hi = mid_lo if part == 0 else (mid_hi if part == 1 else hi)
                 dka, dkb, dkp, dkt, dv, dvt = _attn_bwd_dkdv_tiles(
                                       dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base,
-                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc, dq_base, dq_desc, dqt_desc,
-                                      stride_dqam,
+                                      delta_base, stride_qm, stride_dom, q_desc, qt_desc,
                                       off_b, off_h, start_n, part_lo, mid_lo, mid_hi, part_hi, seqlen_q, seqlen_k,
                                       window_left, window_right,
                                       qk_scale_log2, softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh,
@@ -291,7 +258,7 @@ def _attn_bwd_dkdv_kernel(
                                       BLOCK_R, BLOCK_P, BLOCK_T, HEAD_DIM_V, BLOCK_DV, BLOCK_DVT, BLOCK_M, BLOCK_N,
                                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, FAST_TANH, ROTARY_DIM,
                                       ROTARY_INTERLEAVED,
-                                      HAS_DROPOUT, part != 1, False, INPUT_PRECISION, TMA, FUSED_DQ, DQ_TMA)
+                                      HAS_DROPOUT, part != 1, False, INPUT_PRECISION, TMA)
 
     if GROUP_SPLIT:  # this program's slice of the float32 partial sums
         DK += tl.program_id(1).to(tl.int64) * stride_dk_split
@@ -486,7 +453,7 @@ def _attn_bwd_dq_kernel(
     else:
         # Pointer loads (varlen, some RoPE layouts): one loop over every visible key tile, the
         # masked edges included, loads bounded by seqlen_k. As three loops, ptxas serialised every
-        # wgmma of this kernel (note C7515 at sm_90; benchmarks/offline_compile.py --varlen marks
+        # wgmma of this kernel (note C7515 at sm_90; tools/offline_compile.py --varlen marks
         # it WGMMA-SERIALIZED), as it did the dK/dV pass's masked loops.
         dqa, dqb, dqp, dqt = _attn_bwd_dq_tiles(dqa, dqb, dqp, dqt, qa, qb, qp, qt, do, do_t, lse2, delta, k_base,
                             v_base, stride_kn, stride_vn, k_desc, v_desc, vt_desc, kp_desc, kt_desc, cos_desc, sin_desc,
@@ -505,66 +472,44 @@ def _attn_bwd_dq_kernel(
                    BLOCK_T, ROTARY_INTERLEAVED)
 
 
-@triton.jit
-def _attn_bwd_dq_convert_kernel(
-    DQ_ACCUM, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, COS, SIN,
-    stride_ab, stride_am, stride_ah, stride_dqb, stride_dqm, stride_dqh, stride_rot,
-    nheads, seqlen_q, seqlen_k, num_m_blocks, softmax_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr, ROTARY_DIM: tl.constexpr, ROTARY_INTERLEAVED: tl.constexpr,
-):
-    """deterministic=False: dQ = softmax_scale * the atomically summed accumulator, unrotated
-    (with RoPE) and cast to q's dtype; one read and one write per element."""
-    start_m, off_b, off_h = _tile_of_program(tl.program_id(0), num_m_blocks, nheads, BLOCK_M, False)
-    q_start, seqlen_q, _, seqlen_k = _sequence_bounds(off_b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q, seqlen_k,
-                                                      IS_VARLEN)
-    if start_m >= seqlen_q:
-        return
-    offs_m = tl.arange(0, BLOCK_M)
-    row = q_start + start_m
-    accum = _row_ptr(_head_base(DQ_ACCUM, off_b, off_h, stride_ab, stride_ah), row, stride_am)
-    ga, gb, gp, gt = _load_qk_grad_groups(accum, offs_m, seqlen_q - start_m, stride_am, HEAD_DIM, ROTARY_DIM,
-                                          BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED, BLOCK_M)
-    _store_qk_grad(_row_ptr(_head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), row, stride_dqm),
-                   ga * softmax_scale, gb * softmax_scale, gp * softmax_scale, gt * softmax_scale,
-                   start_m + offs_m + (seqlen_k - seqlen_q), offs_m, seqlen_q - start_m, stride_dqm, COS, SIN,
-                   stride_rot, HEAD_DIM, ROTARY_DIM, BLOCK_R, BLOCK_P, BLOCK_T, ROTARY_INTERLEAVED)
-
-
 def attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     """Returns (dq, dk, dv) in the dtypes and layouts of q, k, v. All inputs have a contiguous last
     dim. A repeated kind of call is replayed from its launch plan (plans.py)."""
-    return plans.planned(plans.backward_key(dout, q, k, v, out, lse, a), (dout, q, k, v, out, lse),
-                         lambda: _attention_backward(dout, q, k, v, out, lse, a))
+    return plans.planned(plan_key(dout, q, k, v, out, lse, a), (dout, q, k, v, out, lse),
+                         lambda: _attention_backward(dout, q, k, v, out, lse, a), a.settings.fast_launch)
+
+
+def plan_key(dout, q, k, v, out, lse, a: AttentionArgs) -> tuple | None:
+    """The kind of an attention_backward call (plans.py), or None where it takes the usual path."""
+    if not plans.plannable(a, q):
+        return None
+    # The one-pass backward's accumulator is taken by the free memory at the time unless small.
+    if backward_sm90 is not None and not small_buffer(backward_sm90.accumulator_bytes(q), q.device):
+        return None
+    return ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), dout.shape,
+            dout.stride(), lse.shape, lse.stride(), q.dtype, q.device, q.data_ptr() & 15, k.data_ptr() & 15,
+            v.data_ptr() & 15, out.data_ptr() & 15, dout.data_ptr() & 15, lse.data_ptr() & 15, a.softmax_scale,
+            a.window_left, a.window_right, a.softcap, a.deterministic, a.settings, *plans.switches())
 
 
 def _attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
-    if backward_sm90.applies(q, k, v, dout, out, a):  # Hopper, deterministic=False: one pass, in Gluon
+    if backward_sm90 is not None and backward_sm90.applies(q, k, v, dout, out, a):  # Hopper, one pass, in Gluon
         return backward_sm90.attention_backward_sm90(dout, q, k, v, out, lse, a)
+    if backward_sm90 is None and not a.deterministic and q.is_cuda:
+        _say_once_why_hopper_runs_two_passes(q.device)
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     kv_group = nheads // nheads_k
     cfg = backward_config(head_dim, head_dim_v, a.causal_only, q.dtype, q.device, a.rotary_table_bytes,
-                         a.dropout is not None, max(seqlen_q, seqlen_k))
+                          a.dropout is not None, max(seqlen_q, seqlen_k))
     block_dv, block_dvt = value_blocks(head_dim_v)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
     stride_lse_b, stride_lse_h = (0, lse.stride(0)) if a.varlen else (lse.stride(0), lse.stride(1))
 
-    # delta = rowsum(dO * O) for every query row. The two-pass backward computes it in the dQ pass,
-    # which then runs first; the one-pass backward (no dQ pass) in a light pass of its own.
+    # delta = rowsum(dO * O) for every query row: the dQ pass computes it, runs first, and the
+    # dK/dV pass reads it.
     delta = torch.empty_like(lse)
-    fused = not a.deterministic and cfg.one_pass
-    if fused:
-        num_m_pre = cdiv(seqlen_q, cfg.preprocess_block)
-        # Through launch(), as every pass: its fast path skips triton's binder on repeated calls.
-        launch(_attn_bwd_preprocess_kernel, (num_m_pre * batch * nheads,), LIGHT_PASS_TILES,
-            out, dout, delta, a.cu_seqlens_q, *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen),
-            stride_lse_b, stride_lse_h, nheads, seqlen_q, num_m_pre,
-            HEAD_DIM_V=head_dim_v, BLOCK_DV=head_block(head_dim_v), BLOCK_M=cfg.preprocess_block,
-            IS_VARLEN=a.varlen,
-        )
-
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -574,16 +519,13 @@ def _attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     # halves, its pass-through channels and both tables by TMA as the forward does, where the tile
     # config says so (BackwardConfig.dq_rope_by_tma); the dK/dV pass keeps pointer loads for its
     # rotated Q.
-    tma = tma_applies(a.varlen, a.rotary_dim, q, k, v, dout)
-    rope_tma = cfg.dq_rope_by_tma and rope_tma_applies(a.varlen, a.rotary_interleaved, a.rotary_cos,
-                                                       a.rotary_sin, q, k, v, dout)
-    shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_DVT=block_dvt, TMA=tma,
+    tma = tma_applies(a, q, k, v, dout)
+    rope_tma = cfg.dq_rope_by_tma and rope_tma_applies(a, q, k, v, dout)
+    shared = dict(HEAD_DIM=head_dim, **blocks, HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_DVT=block_dvt,
                   **constexprs)
-    # The one-pass backward (deterministic=False where the tile table takes it; below) keeps Q on
-    # pointer loads in its dK/dV pass.
-    dkdv_tma = tma and cfg.dkdv_q_by_tma and not fused
+    dkdv_tma = tma and cfg.dkdv_q_by_tma
     # dQ pass: K, V, then K's pass-through and cos/sin (RoPE), then V's second channel group and
-    # K's tail group t (rotary.py)
+    # K's tail group t (channel_groups.py)
     dkdv_descs, dq_descs = [None, None], [None] * 7  # dK/dV pass: Q's groups p and t
     block_t = blocks["BLOCK_T"]
     if dkdv_tma:
@@ -595,33 +537,19 @@ def _attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
         dq_descs = [k_desc, tile_descriptor(v, cfg.dq.block_n, block_dv), *rope_descs,
                     tile_descriptor(v, cfg.dq.block_n, block_dvt) if block_dvt else None, kt_desc]
 
-    if not fused:  # the dQ pass first: it writes delta, which the dK/dV pass reads
-        num_m_blocks = cdiv(seqlen_q, cfg.dq.block_m)
-        launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,
-            q, k, v, out, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
-            *dq_descs, *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
-            *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b,
-            stride_lse_h, stride_alibi_b, a.rotary_stride,
-            nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
-            BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only,
-            **{**shared, "TMA": tma or rope_tma},
-        )
+    # The dQ pass first: it writes delta, which the dK/dV pass reads.
+    num_m_blocks = cdiv(seqlen_q, cfg.dq.block_m)
+    launch(_attn_bwd_dq_kernel, (num_m_blocks * batch * nheads,), cfg.dq,
+        q, k, v, out, dout, lse, delta, dq, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos, a.rotary_sin,
+        *dq_descs, *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
+        *seq_strides(out, a.varlen), *seq_strides(dout, a.varlen), *seq_strides(dq, a.varlen), stride_lse_b,
+        stride_lse_h, stride_alibi_b, a.rotary_stride,
+        nheads, kv_group, seqlen_q, seqlen_k, num_m_blocks, a.softmax_scale, *scalars,
+        BLOCK_M=cfg.dq.block_m, BLOCK_N=cfg.dq.block_n, HEAVY_LAST=a.causal_only, TMA=tma or rope_tma,
+        **shared,
+    )
 
-    # The one-pass backward: the dK/dV pass also adds each tile pair's dS K into a float32 dQ
-    # accumulator (5 matmuls in all instead of 7: no dQ pass recomputing P and dP), and a light
-    # pass scales, unrotates and casts it. Allowed by deterministic=False, taken where the tile
-    # table says it pays (BackwardConfig.one_pass).
-    dkdv_cfg = (cfg.fused_dkdv or cfg.dkdv) if fused else cfg.dkdv
-    dq_accum = dq
-    if fused:
-        dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        plans.not_replayable()  # the zero fill is a torch op of its own
-    # Where TMA applies, each dQ share goes in as one bulk reduction by the copy engine. Not in
-    # the interpreter: triton 3.6's has descriptor loads and stores but no descriptor reductions.
-    dq_tma = fused and tma and not triton_interpreted()
-    dq_descs_fused = [tile_descriptor(dq_accum, dkdv_cfg.block_m, blocks["BLOCK_P"]) if dq_tma else None,
-                      tile_descriptor(dq_accum, dkdv_cfg.block_m, block_t) if dq_tma and block_t else None]
-    num_n_blocks = cdiv(seqlen_k, dkdv_cfg.block_n)
+    num_n_blocks = cdiv(seqlen_k, cfg.dkdv.block_n)
     programs = num_n_blocks * batch * nheads_k
     # GQA with too few dK/dV programs for the SMs: the group's query heads split over `splits`
     # programs per key tile, each writing float32 partial dK/dV to its own slice (summed below).
@@ -634,31 +562,19 @@ def _attention_backward(dout, q, k, v, out, lse, a: AttentionArgs):
     if splits > 1:
         dk_out = torch.empty((splits, *dk.shape), device=dk.device, dtype=torch.float32)
         dv_out = torch.empty((splits, *dv.shape), device=dv.device, dtype=torch.float32)
-    launch(_attn_bwd_dkdv_kernel, (programs, splits), dkdv_cfg,
-        q, k, v, dout, lse, delta, dk_out, dv_out, dq_accum, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
-        a.rotary_sin, dkdv_descs[0], dq_descs_fused[0], dkdv_descs[1], dq_descs_fused[1],
+    launch(_attn_bwd_dkdv_kernel, (programs, splits), cfg.dkdv,
+        q, k, v, dout, lse, delta, dk_out, dv_out, a.cu_seqlens_q, a.cu_seqlens_k, alibi, a.rotary_cos,
+        a.rotary_sin, dkdv_descs[0], dkdv_descs[1],
         *seq_strides(q, a.varlen), *seq_strides(k, a.varlen), *seq_strides(v, a.varlen),
         *seq_strides(dout, a.varlen), *seq_strides(dk_out[0], a.varlen), *seq_strides(dv_out[0], a.varlen),
-        *seq_strides(dq_accum, a.varlen), stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
+        stride_lse_b, stride_lse_h, stride_alibi_b, a.rotary_stride,
         nheads_k, kv_group, seqlen_q, seqlen_k, num_n_blocks, a.softmax_scale, *scalars,
         heads_per_split, dk_out.stride(0), dv_out.stride(0),
-        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, FUSED_DQ=fused, DQ_TMA=dq_tma, GROUP_SPLIT=splits > 1,
-        MASK_EDGES_ONLY=not cfg.dkdv_mask_every_tile,
-        **{**shared, "TMA": dkdv_tma},
+        BLOCK_M=cfg.dkdv.block_m, BLOCK_N=cfg.dkdv.block_n, TMA=dkdv_tma, GROUP_SPLIT=splits > 1,
+        MASK_EDGES_ONLY=not cfg.dkdv_mask_every_tile, **shared,
     )
     if splits > 1:  # a fixed-order sum in float32, one rounding to the gradients' dtype
         dk.copy_(dk_out.sum(0))
         dv.copy_(dv_out.sum(0))
-        plans.not_replayable()  # torch ops of its own
-
-    if fused:
-        block = cfg.preprocess_block
-        num_m_conv = cdiv(seqlen_q, block)
-        launch(_attn_bwd_dq_convert_kernel, (num_m_conv * batch * nheads,), LIGHT_PASS_TILES,
-            dq_accum, dq, a.cu_seqlens_q, a.cu_seqlens_k, a.rotary_cos, a.rotary_sin,
-            *seq_strides(dq_accum, a.varlen), *seq_strides(dq, a.varlen), a.rotary_stride,
-            nheads, seqlen_q, seqlen_k, num_m_conv, a.softmax_scale,
-            HEAD_DIM=head_dim, **blocks, BLOCK_M=block, IS_VARLEN=a.varlen, ROTARY_DIM=a.rotary_dim,
-            ROTARY_INTERLEAVED=a.rotary_interleaved,
-        )
+        not_replayable()  # torch ops of its own
     return dq, dk, dv

@@ -3,7 +3,7 @@
 Why a second backward: the triton backward (backward.py) runs two passes and 7 matmuls per
 visible tile pair, where a one-pass backward runs 5 (S, dP, dV, dK and this pair's share of dQ,
 summed in float32). Written in plain Triton the one-pass form was slower than the two passes
-(benchmarks/NOTES.md, sixth and eighteenth sessions): the compiler waits for each matmul before
+(docs/design/backward-sm90.md): the compiler waits for each matmul before
 the next and cannot overlap the softmax work, the dQ reductions and the loads. Gluon lets the
 kernel say what overlaps: every wgmma is issued asynchronously and waited for only where its
 result is read, and the work is split between warps (warp specialisation):
@@ -12,7 +12,7 @@ result is read, and the work is split between warps (warp specialisation):
 - 1 load warp: K and V once, then each step's Q, dO, lse2 and delta by TMA, into two buffers;
 - 1 dQ warp: each step's dQ share, left in shared memory, goes to a float32 accumulator as one
   bulk reduction by the copy engine (cp.reduce.async.bulk). Per-element atomics from the compute
-  warps cost 28% more time (NOTES.md, nineteenth session).
+  warps cost 28% more time.
 
 One program owns BLOCK_N keys of one K/V head (dK and dV stay in registers) and streams the
 query tiles that see them, of every query head in its GQA group. Per query tile, with the keys
@@ -33,14 +33,17 @@ Taken where it applies (`applies`): sm_90, 16-bit, head dim 64, 128 or 256 (Q/K 
 full or causal attention without dropout, RoPE, ALiBi, softcap or window, TMA-aligned tensors,
 and deterministic=False (the copy engine sums dQ in no fixed order). Everything else runs
 backward.py. Not under the Triton interpreter (it has no Gluon): CPU tests check the dispatch
-rule and compile the kernel for sm_90 (tests/test_sm90_compile.py); the GPU tests run it.
+rule and compile the kernel for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests
+run it. docs/design/backward-sm90.md says why it is built this way and what it measured.
+
+Gluon is triton's experimental dialect and its API moves between releases: this module is
+imported only where it can run (backward.py imports it guarded), and a triton without the Hopper
+API it uses leaves the two passes in charge (`UNAVAILABLE` says why).
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import sys
 
 import torch
 import triton
@@ -54,58 +57,34 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...backends import triton_interpreted
-from ..host import cdiv, switched
+from ..common.host import cdiv
 from .args import AttentionArgs
 from . import descriptors
-from .configs import LIGHT_PASS_TILES, TileConfig, fits_in_free_memory
-from .descriptors import _aligned
+from .configs import LIGHT_PASS, TileConfig, fits_in_free_memory, sm90_min_seqlen
+from .descriptors import aligned
 from .launch import launch
 from .softmax import LOG2E_HOST, _lse_for_recompute, _rowsum_o_do
 from .tiles import _head_base, _load_tile, _row_ptr, _store_tile
 
 # head dim -> (query rows per step, keys per program: two warpgroups of BLOCK_N / 2). Head dim 64
-# with K and V held in registers (SMALL_HEAD below): backward 12.83 against the two passes'
-# 15.79 ms at H32 N16k bf16 (results/h200-2026-12-01-sm90-bwd-hd64-c377aea.json); without that, 16.5
-# against 15.8 (NOTES.md, nineteenth session). Larger query steps at hd64 spilled.
-# Head dim 256: the wide kernel (32 query rows per step, 64 keys per program, one accumulator per
-# warpgroup; see _bwd_wide_p_partition).
+# holds K and V in registers (SMALL_HEAD below); larger query steps spilled there. Head dim 256:
+# the wide kernel (32 query rows per step, 64 keys per program, one accumulator per warpgroup;
+# see _bwd_wide_p_partition). docs/design/tile-configs.md has the measurements.
 TILES = {128: (64, 128), 64: (64, 128), 256: (32, 64)}
 # Launch settings of the main kernel: 8 compute warps (its load and dQ warps come on top, from
 # gl.warp_specialize); the wide kernel launches its P warpgroup (4 warps) and adds the dS warpgroup
 # as a worker. num_stages does nothing in a Gluon kernel, which places its own buffers.
 _MAIN_TILES = {d: TileConfig(m, n, num_warps=4 if d > 128 else 8, num_stages=3) for d, (m, n) in TILES.items()}
-# Shorter sequences keep the triton passes: the shortest length (of queries or keys) per head dim.
-# Until 2026-12-01 this path paid ~0.9 ms of host time per backward more than the two passes (a
-# free-memory query that waited for the device, triton's binding for three launches, seven checked
-# descriptors; results/h200-2026-12-01-host-layers-933a612.json) and was kept to N >= 2,048 (causal
-# 4,096). Without that (launch plans, no query for small buffers), timed on the H200 with this
-# kernel forced at every length beside deterministic=True in one process (the papers' sweep, 16k
-# tokens per batch, bf16; results/h200-2026-12-01-sweep-gluon-forced-e829122.json), fwd+bwd TF/s,
-# this kernel / the two passes:
-#   hd64  full   512 242.6 / 301.0, 1,024 352.6 / 347.2, 2,048 391.4 / 372.7, 4,096 416.0 / 362.5
-#   hd64  causal 512 174.1 / 192.0, 1,024 248.1 / 266.5, 2,048 314.5 / 296.3, 4,096 362.4 / 341.3
-#   hd128 full   512 305.1 / 293.8, 1,024 390.0 / 353.0, 2,048 442.2 / 407.0, 4,096 474.1 / 419.2
-#   hd128 causal 512 123.7 / 157.5, 1,024 282.6 / 272.9, 2,048 366.1 / 339.6, 4,096 425.2 / 372.3
-# An int applies to every head dim (tests and probes set 0 to take this path at any length).
-# hd256 (the wide kernel): faster than the two passes at the shortest length timed, B32 N512 (backward
-# 0.676 against 0.955 ms, causal 0.494 against 0.636; results/h200-2026-12-03-sm90-bwd-hd256-28dc9e7.json).
-MIN_SEQLEN: dict[int, int] | int = {64: 1024, 128: 512, 256: 512}
-MIN_SEQLEN_CAUSAL: dict[int, int] | int = {64: 2048, 128: 1024, 256: 512}
-
-
-def _shortest(limits: dict[int, int] | int, head_dim: int) -> int:
-    return limits if isinstance(limits, int) else limits[head_dim]
-
-
-def length_limits() -> tuple:
-    """MIN_SEQLEN and MIN_SEQLEN_CAUSAL as hashable values (plans.py keys on them)."""
-    return tuple(tuple(sorted(t.items())) if isinstance(t, dict) else t for t in (MIN_SEQLEN, MIN_SEQLEN_CAUSAL))
+# Shorter sequences keep the triton passes: the shortest length (of queries or keys) per head dim,
+# where this kernel, timed forced at every length beside the two passes, started to win
+# (docs/design/backward-sm90.md). override_configs(sm90_min_seqlen=0) takes it at any length.
+MIN_SEQLEN = {64: 1024, 128: 512, 256: 512}
+MIN_SEQLEN_CAUSAL = {64: 2048, 128: 1024, 256: 512}
 # The float32 dQ accumulator, (batch * heads, seqlen, head_dim), is 2x dq and lives through the
 # backward: the fwd+bwd peak is 1.25x the floor (q, k, v, dout, out, dq, dk, dv) that the two
-# passes keep (measured: 194 against 129 MiB of extra memory at H8 N16k; 1.26 GiB at N64k, where
-# cuDNN through SDPA takes 1.25). Where it (with lse2 and delta) would take more than this share of the
-# device's free memory, the two passes run instead: a genome-scale backward near the memory limit
-# stays at the floor rather than running out.
+# passes keep, as cuDNN's is (docs/design/memory.md). Where it (with lse2 and delta) would take
+# more than this share of the device's free memory, the two passes run instead: a genome-scale
+# backward near the memory limit stays at the floor rather than running out.
 ACCUM_MAX_FREE_FRACTION = 0.5
 NUM_BUF = 2  # query tiles in flight (Q, dO, lse2, delta)
 STAT_PAD = 128  # lse2 / delta rows are padded to this, so that every TMA box lies inside
@@ -564,7 +543,7 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 # The descriptors are built per call, so their layouts are computed once per shape and the
 # descriptors without the dataclass's checks: with them, 33 us of host time each on the H200's
-# host (results/h200-2026-12-01-host-layers-933a612.json), seven per backward. What the checks
+# host (docs/design/launch-path.md), seven per backward. What the checks
 # assert holds by construction: q, k, v, dout and out passed `supports` (16-byte aligned bases
 # and strides, a contiguous last dim), the float32 buffers are fresh contiguous allocations, every
 # size is >= 1 (the interface rejects empty inputs) and the boxes are powers of two.
@@ -617,16 +596,6 @@ def _accum_descriptor(t: torch.Tensor, block_m: int, head_dim: int) -> TensorDes
     return _descriptor(flat, list(flat.shape), list(flat.stride()), box, _accum_layout(*box))
 
 
-# False: attention_backward never takes this kernel (use_sm90_backward(False) in a block, or
-# GENOFLASH_SM90_BACKWARD=0 for the whole process).
-_enabled = os.environ.get("GENOFLASH_SM90_BACKWARD", "1") != "0"
-
-
-def use_sm90_backward(enabled: bool):
-    """Allow (True, the default) or forbid the Gluon backward in this block, in every thread."""
-    return switched(sys.modules[__name__], "_enabled", enabled)
-
-
 def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
     """Whether the kernel computes this backward (dtypes, head dims, features, alignment), whatever
     the device; `applies` adds the device and the switches."""
@@ -635,18 +604,20 @@ def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
     if (a.varlen or a.rotary_dim or a.dropout is not None or a.alibi_slopes is not None or a.softcap > 0
             or a.window_left != -1 or a.window_right not in (-1, 0)):
         return False
-    return all(_aligned(t) for t in (q, k, v, dout, out))
+    return all(aligned(t) for t in (q, k, v, dout, out))
 
 
 def applies(q, k, v, dout, out, a: AttentionArgs) -> bool:
     """Whether attention_backward takes this kernel: deterministic=False, an sm_90 GPU (wgmma is
-    sm_90a's; Blackwell has tcgen05 instead), at least MIN_SEQLEN (causal: MIN_SEQLEN_CAUSAL) queries
-    or keys, `supports`, and room for the float32 dQ accumulator (ACCUM_MAX_FREE_FRACTION)."""
-    if not _enabled or not descriptors._enabled or a.deterministic or triton_interpreted() or not q.is_cuda:
-        return False  # (descriptors.use_tma(False) forbids TMA, which is all this kernel loads with)
+    sm_90a's; Blackwell has tcgen05 instead), the tma setting on (TMA is all this kernel loads
+    with), at least MIN_SEQLEN (causal: MIN_SEQLEN_CAUSAL) queries or keys, `supports`, and room
+    for the float32 dQ accumulator (ACCUM_MAX_FREE_FRACTION)."""
+    if a.deterministic or not a.settings.tma or triton_interpreted() or not q.is_cuda:
+        return False
     if descriptors.device_capability(q.device) != (9, 0) or not supports(q, k, v, dout, out, a):
         return False
-    if max(q.shape[1], k.shape[1]) < _shortest(MIN_SEQLEN_CAUSAL if a.causal_only else MIN_SEQLEN, q.shape[-1]):
+    limits = MIN_SEQLEN_CAUSAL if a.causal_only else MIN_SEQLEN
+    if max(q.shape[1], k.shape[1]) < sm90_min_seqlen(limits[q.shape[-1]]):
         return False
     return fits_in_free_memory(accumulator_bytes(q), ACCUM_MAX_FREE_FRACTION, q.device)
 
@@ -682,7 +653,7 @@ def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):
     light = 64  # rows per program of the two light passes
     # All three through launch(): after the first call of a shape its fast path calls the compiled
     # kernels directly (triton's binding took ~100 us of host time per launch on the H200's host).
-    launch(_bwd_sm90_prologue_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS_TILES,
+    launch(_bwd_sm90_prologue_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS,
            out, dout, lse, delta, lse2, dq_accum, out.stride(0), out.stride(1), out.stride(2), dout.stride(0),
            dout.stride(1), dout.stride(2), lse.stride(0), lse.stride(1), nheads, seqlen_q, seqlen_pad,
            HEAD_DIM=head_dim, BLOCK=light, DQ_T=dq_t)
@@ -695,7 +666,7 @@ def attention_backward_sm90(dout, q, k, v, out, lse, a: AttentionArgs):
            nheads, nheads_k, seqlen_q, seqlen_k, seqlen_pad, a.softmax_scale * LOG2E_HOST, a.softmax_scale,
            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_BUF=NUM_BUF, CAUSAL=a.causal_only)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    launch(_bwd_sm90_dq_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS_TILES,
+    launch(_bwd_sm90_dq_kernel, (seqlen_pad // light, batch * nheads), LIGHT_PASS,
            dq_accum, dq, dq.stride(0), dq.stride(1), dq.stride(2), nheads, seqlen_q, seqlen_pad, a.softmax_scale,
            HEAD_DIM=head_dim, BLOCK=light, DQ_T=dq_t)
     return dq, dk, dv

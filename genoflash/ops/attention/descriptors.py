@@ -5,41 +5,30 @@ a kernel then asks for a (1, rows, 1, dim-block) box at a coordinate and gets it
 memory in one bulk copy, with no per-thread address arithmetic and no masks. Boxes that run
 past the sequence end or past the head dim are filled with zeros on load and clipped on
 store: exactly what the pointer loads' masks do, so both paths compute the same thing.
-Measured on the H200 (benchmarks/results/h200-2026-11-29-fwd-variants-6ab574d.json): a
-minimal forward at hd128 went from 491 TF/s with pointer loads to 532 with 4-D descriptors.
+Measured on the H200: a minimal forward at hd128 went from 491 TF/s with pointer loads to 532
+with 4-D descriptors (docs/design/attention-forward.md).
 
 Used where they apply: fixed-length batches (a varlen tile that runs past its sequence would
 read its neighbour, not zeros) and tensors whose base and strides meet the copy engine's
 16-byte alignment. With RoPE only K (NeoX halves, one box each) and its tables take them
 (`rope_tma_applies`, `key_descriptors`): in the forward, and in the backward's dQ pass where the
-tile table asks for it; the rotated Q tiles keep pointer loads. Everything else
-takes the pointer loads. Under the Triton interpreter descriptors work too, so CPU tests
-run this path.
+tile table asks for it; the rotated Q tiles keep pointer loads. Everything else takes the
+pointer loads, and so does every call made with the `tma` setting off (genoflash.settings).
+Under the Triton interpreter descriptors work too, so CPU tests run this path.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...backends import triton_interpreted
-from ..host import switched
-
-# Process-wide, not a context variable: on CUDA, autograd runs the backward on its own thread,
-# where a context variable set around the forward call would not be seen.
-_enabled = True
+from .args import AttentionArgs
 
 
-def use_tma(enabled: bool):
-    """Allow (True, the default) or forbid TMA descriptors in this block, in every thread; tests
-    and benchmarks use this to run the pointer-load path on shapes that would take descriptors."""
-    return switched(sys.modules[__name__], "_enabled", enabled)
-
-
-def _aligned(t: torch.Tensor) -> bool:
+def aligned(t: torch.Tensor) -> bool:
     # The copy engine needs a 16-byte aligned base, 16-byte aligned strides (all but the
     # last) and a contiguous last dim.
     size, strides = t.element_size(), t.stride()
@@ -68,37 +57,40 @@ def _has_tma(device: torch.device) -> bool:
     return device_capability(device)[0] >= 9
 
 
-def tma_applies(varlen: bool, rotary_dim: int, *tensors: torch.Tensor) -> bool:
-    if not _enabled or varlen or rotary_dim:
+def tma_applies(a: AttentionArgs, *tensors: torch.Tensor, rotary: bool = False) -> bool:
+    """Whether these (batch, seqlen, heads, dim) tensors can go through descriptors: the tma
+    setting on, a fixed-length batch, Hopper or later (or the interpreter), every tensor aligned.
+    Without rotary=True a call with RoPE never takes them (its Q and K tiles are rotated)."""
+    if not a.settings.tma or a.varlen or (a.rotary_dim and not rotary):
         return False
     device = tensors[0].device
     if not triton_interpreted():
         if device.type != "cuda" or not _has_tma(device):
             return False
     for t in tensors:
-        if t.dim() != 4 or not _aligned(t):
+        if t.dim() != 4 or not aligned(t):
             return False
     return True
 
 
-def rope_tma_applies(varlen: bool, interleaved: bool, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                     *tensors: torch.Tensor) -> bool:
-    """Whether K's NeoX halves and the RoPE tables can go through descriptors (rotary.py,
+def rope_tma_applies(a: AttentionArgs, *tensors: torch.Tensor) -> bool:
+    """Whether K's NeoX halves and the RoPE tables can go through descriptors (channel_groups.py,
     `_load_qk_tma`): fixed-length batches, NeoX halves (interleaved pairs are not two contiguous
     boxes), and tables whose rows meet the copy engine's alignment."""
-    if cos is None or interleaved:
+    cos, sin = a.rotary_cos, a.rotary_sin
+    if cos is None or a.rotary_interleaved:
         return False
     # The second half's box starts at channel R/2 and the pass-through's at R: box starts along
     # the contiguous dim must be 16-byte aligned too.
     half_bytes = cos.shape[1] * tensors[0].element_size()
-    return (half_bytes % 16 == 0 and tma_applies(varlen, 0, *tensors)
-            and all(t.dim() == 2 and _aligned(t) for t in (cos, sin)))
+    return (half_bytes % 16 == 0 and tma_applies(a, *tensors, rotary=True)
+            and all(t.dim() == 2 and aligned(t) for t in (cos, sin)))
 
 
 def _descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
     """triton's TensorDescriptor of the whole of t, built without its __post_init__ checks (a few
     microseconds per descriptor, six to eight per fwd+bwd). What those checks assert holds by
-    construction here: every tensor given a descriptor passed `_aligned` (through tma_applies or
+    construction here: every tensor given a descriptor passed `aligned` (through tma_applies or
     rope_tma_applies) or is a fresh contiguous allocation of the kernels' own (out, the dQ
     accumulator); its sizes are >= 1 (the interface rejects empty inputs); the boxes are the tile
     table's powers of two. tests/test_launch.py checks the result equals the checked constructor's.
@@ -140,8 +132,8 @@ def key_descriptors(k: torch.Tensor, block_n: int, blocks: dict, rope: bool, rot
     tiles. Without RoPE, one box of BLOCK_P channels, three Nones and the tail; with RoPE
     (`rope_tma_applies`), K's box is one NeoX half (BLOCK_R channels), the pass-through box exists
     when rotary_dim < head dim, and the tables come in (block_n, BLOCK_R) boxes, for
-    `rotary._load_qk_tma`. The tail (a box of BLOCK_T channels) exists where the pass-through
-    channels are two groups (rotary.py's t), else None."""
+    `channel_groups._load_qk_tma`. The tail (a box of BLOCK_T channels) exists where the pass-through
+    channels are two groups (channel_groups.py's t), else None."""
     tail = tile_descriptor(k, block_n, blocks["BLOCK_T"]) if blocks["BLOCK_T"] else None
     if not rope:
         return [tile_descriptor(k, block_n, blocks["BLOCK_P"]), None, None, None, tail]

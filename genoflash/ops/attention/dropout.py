@@ -8,7 +8,7 @@ varlen batch; i, j positions inside the sequence) is a pure function of
     keep  = byte >= floor(p * 256 + 1/2)
 One Philox call (128 random bits) serves sixteen neighbouring keys, eight bits each, as in
 flash-attn 2. Bits are what dropout costs: at 24 bits per score (four keys per call) Philox
-took 60% of the forward's time on the H200 (benchmarks/NOTES.md). The price is that p is
+took 60% of the forward's time on the H200 (docs/design/fused-rope-dropout.md). The price is that p is
 rounded to a multiple of 1/256 (`DropoutArgs.effective_p`); kept scores are scaled by
 1 / (1 - effective_p), so the expectation of the output stays exactly the undropped one.
 Each call runs 7 rounds, as flash-attn 2's does (Random123's authors found 7 rounds of
@@ -68,7 +68,7 @@ KERNEL_SEED_TAG = 1 << 63
 
 # Kernel arguments that change with every call. Triton would otherwise specialise on them
 # (divisible by 16 or not, equal to 1) and compile new variants of each kernel while a run goes
-# on; on the H200 such compiles landed inside timed loops (benchmarks/NOTES.md).
+# on; on the H200 such compiles landed inside timed loops.
 DROPOUT_RUNTIME_ARGS = ["dropout_seed", "dropout_offset"]
 
 

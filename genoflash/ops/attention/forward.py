@@ -9,7 +9,8 @@ tile in registers, and tiles a mask hides entirely are never loaded.
 Long fixed-length keys (over 65,536 on the GPU, without a causal or window mask) are split
 into chunks, one launch each (configs.forward_key_chunk), so that the K/V a head's programs
 share stay in L2: then each launch but the last also writes its softmax state, which the next
-one reads, in float32 (O(N) like the output).
+one reads, in float32 (O(N) like the output). docs/design/attention-forward.md says why the
+kernel is built this way and what each choice measured.
 """
 
 from __future__ import annotations
@@ -18,20 +19,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ...backends import triton_interpreted
-from ..host import cdiv, next_power_of_2
+from ..common.host import cdiv
+from . import plans
 from .args import AttentionArgs
 from .block_info import _kv_block_range
-from .configs import channel_blocks, forward_config, forward_key_chunk, value_blocks
+from .channel_groups import _load_pt_tma, _load_qk, _load_qk_tma, _qk_dot
+from .configs import FORWARD_KEY_CHUNK, forward_config, forward_key_chunk, value_blocks
 from .descriptors import key_descriptors, rope_tma_applies, tile_descriptor, tma_applies
-from .dropout import DROPOUT_RUNTIME_ARGS, kernel_seed
-from . import plans
+from .dropout import DROPOUT_RUNTIME_ARGS
+from .kernel_args import alibi_pointer, feature_args, kernel_geometry, lse_layout, qk_blocks, seq_strides
 from .launch import launch
 from .mask import _dropout_keep, _mask_scores
-from .rotary import _load_pt_tma, _load_qk, _load_qk_tma, _qk_dot
 from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
-from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
+from .softmax import _finalize_softmax, _online_softmax_update
 from .tile_scheduler import _tile_of_program
 from .tiles import (_head_base, _load_tile, _load_tile_tma, _load_tile_tma_at, _row_ptr, _store_tile,
                     _store_tile_tma, _store_tile_tma_at)
@@ -80,8 +81,8 @@ def _attn_fwd_tiles(acc, acc_t, m_i, l_i, qa, qb, qp, qt, k_base, v_base, k_desc
                 kb = kp
             # V is asked for beside K, so the pipeliner gives both copies one barrier and one
             # wait per tile; asked for after the softmax, V got a barrier and wait of its own
-            # between the two dots (sm_90 SASS; fwd_variants_probe's minimal kernel, which
-            # loads them together, measured 5-11% faster with the same loop body).
+            # between the two dots, 5-11% slower with the same loop body
+            # (docs/design/attention-forward.md).
             v = _load_tile_tma(v_desc, off_b, start_n, off_hk, BLOCK_N, BLOCK_DV)
             if BLOCK_DVT > 0:  # V's second channel group: its own box, from channel BLOCK_DV on
                 vt = _load_tile_tma_at(vt_desc, off_b, start_n, off_hk, BLOCK_DV, BLOCK_N, BLOCK_DVT)
@@ -262,86 +263,23 @@ def _attn_fwd_kernel(
     tl.store(lse_ptr + offs_m, lse, mask=offs_m < seqlen_q - start_m)
 
 
-def input_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs must not silently drop to tf32: genoflash promises fp32 accuracy for fp32.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def head_block(head_dim: int) -> int:
-    # tl.dot needs every dimension >= 16; smaller or non-power-of-two head dims are padded by masks.
-    return max(16, next_power_of_2(head_dim))
-
-
-def qk_blocks(head_dim: int, rotary_dim: int) -> dict:
-    """Block widths of the channel groups a Q/K tile is held as (rotary.py): the rotating pairs'
-    halves (BLOCK_R) and the pass-through channels (all channels without RoPE) as a main group
-    (BLOCK_P) and, where the width is not a power of two, a tail (BLOCK_T; configs.channel_blocks).
-
-    With RoPE the pass-through channels stay one padded group unless a test forces the split: at
-    sm_90 the split made ptxas serialise the RoPE dQ pass's wgmma at D 128 with 32 rotating
-    channels (benchmarks/offline_compile.py, note C7515), so it waits for a GPU timing there."""
-    width = head_dim - rotary_dim
-    block_p, block_t = channel_blocks(width, split_by_default=rotary_dim == 0) if width > 0 else (16, 0)
-    return dict(BLOCK_R=head_block(rotary_dim // 2) if rotary_dim else 16, BLOCK_P=block_p, BLOCK_T=block_t)
-
-
-def seq_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
-    """(batch, seq, head) strides of (batch, seq, head, dim), or of packed (total, head, dim)
-    where the batch stride is 0 and sequences are found through cu_seqlens."""
-    if varlen:
-        return 0, t.stride(0), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
-def kernel_geometry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
-    """(batch, nheads, nheads_k, seqlen_q, seqlen_k) as the kernels see them (max lengths in varlen)."""
-    if a.varlen:
-        return a.cu_seqlens_q.numel() - 1, q.shape[1], k.shape[1], a.max_seqlen_q, a.max_seqlen_k
-    return q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1]
-
-
-def feature_args(q: torch.Tensor, a: AttentionArgs) -> tuple[list, dict]:
-    """Runtime scalars and constexpr switches shared by the forward and backward kernels."""
-    scale = a.softmax_scale
-    alibi = a.alibi_slopes
-    d = a.dropout
-    scalars = [scale * LOG2E_HOST, a.window_left, a.window_right,
-               scale / a.softcap if a.softcap > 0 else 0.0, a.softcap / scale if a.softcap > 0 else 0.0,
-               1.0 / scale, kernel_seed(d), d.offset if d else 0, d.threshold if d else 0,
-               d.rescale if d else 1.0]
-    constexprs = dict(
-        IS_VARLEN=a.varlen, HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0,
-        HAS_SOFTCAP=a.softcap > 0, HAS_ALIBI=alibi is not None,
-        FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(),
-        ROTARY_DIM=a.rotary_dim, ROTARY_INTERLEAVED=a.rotary_interleaved, HAS_DROPOUT=d is not None,
-        INPUT_PRECISION=input_precision(q.dtype),
-    )
-    return scalars, constexprs
-
-
-def alibi_pointer(q: torch.Tensor, a: AttentionArgs) -> tuple[torch.Tensor, int]:
-    """ALiBi slopes and their batch stride (0 for per-head slopes); a dummy when unused."""
-    if a.alibi_slopes is None:
-        return q, 0  # never read: HAS_ALIBI is False
-    slopes = a.alibi_slopes
-    return slopes, (slopes.stride(0) if slopes.dim() == 2 else 0)
-
-
-def lse_layout(batch: int, nheads: int, seqlen_q: int, total_q: int, varlen: bool, device):
-    """LSE as flash-attn lays it out: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
-    Returns (lse, batch stride, head stride)."""
-    if varlen:
-        lse = torch.empty((nheads, total_q), device=device, dtype=torch.float32)
-        return lse, 0, lse.stride(0)
-    lse = torch.empty((batch, nheads, seqlen_q), device=device, dtype=torch.float32)
-    return lse, lse.stride(0), lse.stride(1)
-
-
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
     """Returns (out, lse). q (B, Nq, H, D) and k/v (B, Nk, Hk, D or Dv), or packed (total, H, D)
     with a.cu_seqlens_*; the last dim of each is contiguous. A repeated kind of call is replayed
     from its launch plan (plans.py)."""
-    return plans.planned(plans.forward_key(q, k, v, a), (q, k, v), lambda: _attention_forward(q, k, v, a))
+    return plans.planned(plan_key(q, k, v, a), (q, k, v), lambda: _attention_forward(q, k, v, a),
+                         a.settings.fast_launch)
+
+
+def plan_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> tuple | None:
+    """The kind of an attention_forward call (plans.py), or None where it takes the usual path."""
+    if not plans.plannable(a, q):
+        return None
+    if k.shape[1] > FORWARD_KEY_CHUNK and a.window_left < 0 and a.window_right < 0:
+        return None  # the key-chunk split is decided from the free memory at the time
+    return ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+            q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, a.softmax_scale, a.window_left,
+            a.window_right, a.softcap, a.settings, *plans.switches())
 
 
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
@@ -355,11 +293,11 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Att
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scalars, constexprs = feature_args(q, a)
     blocks = qk_blocks(head_dim, a.rotary_dim)
-    rope_tma = rope_tma_applies(a.varlen, a.rotary_interleaved, a.rotary_cos, a.rotary_sin, q, k, v, out)
-    tma = rope_tma or tma_applies(a.varlen, a.rotary_dim, q, k, v, out)
+    rope_tma = rope_tma_applies(a, q, k, v, out)
+    tma = rope_tma or tma_applies(a, q, k, v, out)
     block_dv, block_dvt = value_blocks(head_dim_v)
     # Q, K, V, O, then K's pass-through channels and the cos/sin tables (RoPE), then the second
-    # channel groups of V and O (when V is split), then Q's and K's tail groups t (rotary.py)
+    # channel groups of V and O (when V is split), then Q's and K's tail groups t (channel_groups.py)
     descs = [None] * 11
     if tma:
         k_desc, *rope_descs, kt_desc = key_descriptors(k, cfg.block_n, blocks, rope_tma, a.rotary_dim,

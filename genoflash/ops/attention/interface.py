@@ -6,191 +6,14 @@ switches with one import.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ...backends import select_backend, triton_interpreted
-from ...rotary import apply_rotary, apply_rotary_packed
+from ...backends import select_backend
+from ..rotary import rotate, rotate_packed
 from . import chunked, reference
 from .args import AttentionArgs
-from .dropout import DropoutArgs, draw_seed_and_offset, dropout_threshold
-
-MAX_HEADDIM = 256
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Tile-local offsets in the kernels are int32: up to 256 rows times the sequence stride.
-_MAX_SEQ_STRIDE = (2**31 - 1) // 256
-
-
-# ---------------------------------------------------------------- validation
-
-def _check_tensor(name: str, t, rank: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16 or float32), got {t.dtype}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
-
-
-def _check_headdim(name: str, d: int) -> None:
-    if d > MAX_HEADDIM or d % 8 != 0 or d < 8:
-        raise ValueError(f"{name} headdim must be a multiple of 8 between 8 and {MAX_HEADDIM}, got {d}")
-
-
-def _check_qkv(q, k, v, varlen: bool) -> None:
-    rank, layout = (3, "(total, nheads, headdim)") if varlen else (4, "(batch, seqlen, nheads, headdim)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, rank, layout)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
-    if not varlen and not (q.shape[0] == k.shape[0] == v.shape[0]):
-        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
-    if k.shape[-3] != v.shape[-3]:
-        raise ValueError(f"k and v must have the same seqlen, got k {k.shape[-3]}, v {v.shape[-3]}")
-    nheads, nheads_k = q.shape[-2], k.shape[-2]
-    if v.shape[-2] != nheads_k:
-        raise ValueError(f"nheads mismatch: k has {nheads_k}, v has {v.shape[-2]}")
-    if nheads_k < 1 or nheads % nheads_k != 0:
-        raise ValueError(f"nheads mismatch: q's nheads ({nheads}) must be divisible by k/v's nheads ({nheads_k})")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"headdim mismatch: q {q.shape[-1]}, k {k.shape[-1]}")
-    _check_headdim("q/k", q.shape[-1])
-    _check_headdim("v", v.shape[-1])
-    if any(s < 1 for s in q.shape[:-2] + k.shape[:-2]):
-        raise ValueError(f"batch, seqlen_q and seqlen_k must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-
-
-def _check_scale(softmax_scale, headdim: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(headdim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
-    return float(softmax_scale)
-
-
-def _check_window(window_size, causal: bool) -> tuple[int, int]:
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
-    for side, w in (("left", left), ("right", right)):
-        if isinstance(w, bool) or not isinstance(w, int):
-            raise TypeError(f"window_size {side} must be an int, got {type(w).__name__}")
-        if w < -1:
-            raise ValueError(f"window_size {side} must be >= -1 (-1 means unbounded), got {w}")
-    # flash-attn: causal is a window whose right edge is the diagonal.
-    return left, (0 if causal else right)
-
-
-def _check_softcap(softcap) -> float:
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
-    if not (math.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"softcap must be finite and >= 0 (0 disables it), got {softcap}")
-    return float(softcap)
-
-
-def _check_alibi(alibi_slopes, batch: int, nheads: int, device) -> torch.Tensor | None:
-    if alibi_slopes is None:
-        return None
-    if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
-        raise TypeError("alibi_slopes must be a float32 tensor")
-    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
-        raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
-                         f"got {tuple(alibi_slopes.shape)}")
-    if alibi_slopes.device != device:
-        raise ValueError(f"alibi_slopes must be on {device}, got {alibi_slopes.device}")
-    return alibi_slopes.contiguous()
-
-
-def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, device) -> list[int]:
-    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
-        raise TypeError(f"{name} must be a 1-D int32 tensor of batch + 1 prefix sums")
-    if cu.device != device:
-        raise ValueError(f"{name} must be on {device}, got {cu.device}")
-    values = cu.tolist()  # one small device-to-host copy; a wrong cu_seqlens must never read out of bounds
-    lengths = [b - a for a, b in zip(values, values[1:])]
-    if values[0] != 0 or min(lengths) < 0:
-        raise ValueError(f"{name} must start at 0 and never decrease, got {values[:8]}...")
-    if values[-1] != total:
-        raise ValueError(f"{name} ends at {values[-1]} but the packed tensor holds {total} tokens")
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(f"max_seqlen for {name} must be an int, got {type(max_seqlen).__name__}")
-    if max_seqlen < max(lengths):
-        raise ValueError(f"max_seqlen ({max_seqlen}) is smaller than the longest sequence in {name} "
-                         f"({max(lengths)})")
-    return lengths
-
-
-def _check_rotary(cos, sin, interleaved, headdim: int, lengths_q: list[int], lengths_k: list[int], device):
-    """Returns contiguous (cos, sin) or (None, None). Query i sits at position i + seqlen_k - seqlen_q,
-    so every position lies in [0, seqlen_k)."""
-    if cos is None and sin is None:
-        return None, None
-    if cos is None or sin is None:
-        raise ValueError("rotary_cos and rotary_sin must be given together")
-    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 2:
-            raise TypeError(f"{name} must be a 2-D floating-point tensor (seqlen, rotary_dim / 2)")
-        if t.device != device:
-            raise ValueError(f"{name} must be on {device}, got {t.device}")
-    if cos.shape != sin.shape:
-        raise ValueError(f"rotary_cos {tuple(cos.shape)} and rotary_sin {tuple(sin.shape)} differ in shape")
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"rotary_interleaved must be a bool, got {type(interleaved).__name__}")
-    rotary_dim = 2 * cos.shape[1]
-    if not 0 < rotary_dim <= headdim:
-        raise ValueError(f"rotary_dim (2 x {cos.shape[1]} = {rotary_dim}) must be in [2, headdim = {headdim}]")
-    if cos.shape[0] < max(lengths_k):
-        raise ValueError(f"rotary tables cover {cos.shape[0]} positions but seqlen_k is {max(lengths_k)}")
-    if any(nq > nk for nq, nk in zip(lengths_q, lengths_k)):
-        raise ValueError("rotary embeddings need seqlen_q <= seqlen_k: query i sits at position "
-                         "i + seqlen_k - seqlen_q, which would be negative")
-    return cos.contiguous(), sin.contiguous()
-
-
-def _check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
-    """None for p = 0 (the kernels then compile without any dropout code)."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if dropout_p == 0.0:
-        return None
-    # The kernels draw 8 random bits per score (dropout.py), so p is rounded to a multiple of
-    # 1/256; a p that rounds to 0 or to 1 would silently mean no dropout or dropping everything.
-    threshold = dropout_threshold(dropout_p)
-    if not 0 < threshold < 256:
-        raise ValueError(f"dropout_p must be 0 or in [1/512, 1 - 1/512): the kernels draw 8 random bits per "
-                         f"score and round p to a multiple of 1/256, which would turn {dropout_p} into "
-                         f"{threshold}/256")
-    if seed is None:
-        seed, offset = draw_seed_and_offset()
-    for name, value, limit in (("dropout_seed", seed, 2**63), ("dropout_offset", offset, 2**31)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
-            raise ValueError(f"{name} must be an int in [0, {limit}), got {value!r}")
-    return DropoutArgs(float(dropout_p), seed, offset)
-
-
-def _check_triton_device(q: torch.Tensor) -> None:
-    if q.dtype not in _TRITON_DTYPES:
-        raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {q.dtype}")
-    if q.device.type != "cuda" and not triton_interpreted():
-        raise ValueError(f"the triton backend needs CUDA tensors (got {q.device}); on the CPU use the "
-                         "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")
-
-
-def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    # The kernels take any batch/seq/head strides; only the channel stride must be 1.
-    if t.stride(-1) != 1 or t.stride(-3) > _MAX_SEQ_STRIDE:
-        t = t.contiguous()
-    return t
+from .validation import (attention_args, check_cu_seqlens, check_qkv, check_triton_device,
+                         last_dim_contiguous)
 
 
 # ---------------------------------------------------------------- backends
@@ -206,16 +29,15 @@ def _rotate_qk(q, k, a: AttentionArgs, inverse: bool = False):
     inverse=True, maps gradients w.r.t. rotated q and k back to q and k. Differentiable."""
     if not a.rotary_dim:
         return q, k
-    rotate = lambda x, offset: apply_rotary(x, a.rotary_cos, a.rotary_sin, a.rotary_interleaved,  # noqa: E731
-                                            offset, inverse)
+    table = (a.rotary_cos, a.rotary_sin)
     if not a.varlen:
-        return rotate(q, k.shape[1] - q.shape[1]), rotate(k, 0)
+        return (rotate(q, *table, a.rotary_interleaved, k.shape[1] - q.shape[1], inverse),
+                rotate(k, *table, a.rotary_interleaved, 0, inverse))
     cu_q, cu_k = a.cu_seqlens_q.tolist(), a.cu_seqlens_k.tolist()
     # Query i of sequence b sits at i + seqlen_k - seqlen_q of that sequence.
     offsets_q = [(k1 - k0) - (q1 - q0) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
-    table = (a.rotary_cos, a.rotary_sin)
-    return (apply_rotary_packed(q, *table, cu_q, offsets_q, a.rotary_interleaved, inverse),
-            apply_rotary_packed(k, *table, cu_k, [0] * len(offsets_q), a.rotary_interleaved, inverse))
+    return (rotate_packed(q, *table, cu_q, offsets_q, a.rotary_interleaved, inverse),
+            rotate_packed(k, *table, cu_k, [0] * len(offsets_q), a.rotary_interleaved, inverse))
 
 
 def _forward(q, k, v, a: AttentionArgs, backend: str):
@@ -246,7 +68,7 @@ def _backward(dout, q, k, v, out, lse, a: AttentionArgs, backend: str):
 class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, args: AttentionArgs, backend: str):
-        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+        q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
         out, lse = _forward(q, k, v, args, backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args, ctx.backend = args, backend
@@ -262,7 +84,7 @@ class FlashAttnFunc(torch.autograd.Function):
         if dout is None:  # out reached no loss: no gradient flows to q, k or v
             return None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(_last_dim_contiguous(dout), q, k, v, out, lse, ctx.args, ctx.backend)
+        dq, dk, dv = _backward(last_dim_contiguous(dout), q, k, v, out, lse, ctx.args, ctx.backend)
         return dq, dk, dv, None, None
 
 
@@ -285,23 +107,8 @@ def _attend(q, k, v, args: AttentionArgs):
             out, lse = reference.attention_reference(q, k, v, args.softmax_scale, **kw)
         return out, lse.detach()
     if backend == "triton":
-        _check_triton_device(q)
+        check_triton_device(q)
     return FlashAttnFunc.apply(q, k, v, args, backend)
-
-
-def _attention_args(q, lengths_q: list[int], lengths_k: list[int], dropout_p, softmax_scale, causal, window_size,
-                    softcap, alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
-                    deterministic=True, **varlen) -> AttentionArgs:
-    """Validate the non-tensor arguments shared by both public functions, once, into AttentionArgs.
-    lengths_q/k are the per-sequence lengths (one entry for a fixed-length batch)."""
-    left, right = _check_window(window_size, causal)
-    cos, sin = _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q.shape[-1], lengths_q, lengths_k, q.device)
-    batch = len(lengths_q) if varlen else q.shape[0]
-    return AttentionArgs(
-        softmax_scale=_check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
-        softcap=_check_softcap(softcap), alibi_slopes=_check_alibi(alibi_slopes, batch, q.shape[-2], q.device),
-        rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary_interleaved,
-        dropout=_check_dropout(dropout_p, dropout_seed, dropout_offset), deterministic=bool(deterministic), **varlen)
 
 
 def flash_attn_block_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, softcap=0.0):
@@ -311,19 +118,19 @@ def flash_attn_block_backward(dout, q, k, v, out, lse, softmax_scale=None, causa
     Ring attention splits the keys over devices; with the *global* out and lse, each block's
     P = exp(s - lse) and dS = P * (dP - rowsum(dout * out)) are exactly the global ones restricted
     to the block, so the block gradients add up to the full gradients. Not differentiable."""
-    _check_qkv(q, k, v, varlen=False)
+    check_qkv(q, k, v, varlen=False)
     if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
         raise ValueError(f"lse must be float32 (batch, nheads, seqlen_q) = {(q.shape[0], q.shape[2], q.shape[1])}, "
                          f"got {lse.dtype} {tuple(lse.shape)}")
     if dout.shape != out.shape or out.shape != (*q.shape[:-1], v.shape[-1]):
         raise ValueError(f"dout {tuple(dout.shape)} and out {tuple(out.shape)} must be (batch, seqlen_q, nheads, "
                          f"headdim_v) = {(*q.shape[:-1], v.shape[-1])}")
-    args = _attention_args(q, [q.shape[1]], [k.shape[1]], 0.0, softmax_scale, causal, (-1, -1), softcap, None, None,
+    args = attention_args(q, [q.shape[1]], [k.shape[1]], 0.0, softmax_scale, causal, (-1, -1), softcap, None, None,
                            None, False, None, 0)
     backend = select_backend(q.device)
     if backend == "triton":
-        _check_triton_device(q)
-    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+        check_triton_device(q)
+    dout, q, k, v, out = (last_dim_contiguous(t) for t in (dout, q, k, v, out))
     with torch.no_grad():
         return _backward(dout, q, k, v, out, lse.contiguous(), args, backend)
 
@@ -394,8 +201,8 @@ def flash_attn_func(
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or (out, lse) when return_lse.
     """
-    _check_qkv(q, k, v, varlen=False)
-    args = _attention_args(q, [q.shape[1]], [k.shape[1]], dropout_p, softmax_scale, causal, window_size, softcap,
+    check_qkv(q, k, v, varlen=False)
+    args = attention_args(q, [q.shape[1]], [k.shape[1]], dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
                            deterministic)
     return _run(q, k, v, args, return_lse, return_attn_probs)
@@ -434,12 +241,12 @@ def flash_attn_varlen_func(
     costs no compute. RoPE positions restart at 0 in every sequence. Other arguments as in
     `flash_attn_func`; lse is (nheads, total_q).
     """
-    _check_qkv(q, k, v, varlen=True)
-    lengths_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
-    lengths_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
+    check_qkv(q, k, v, varlen=True)
+    lengths_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
+    lengths_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
     if len(lengths_q) != len(lengths_k):
         raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}")
-    args = _attention_args(q, lengths_q, lengths_k, dropout_p, softmax_scale, causal, window_size, softcap,
+    args = attention_args(q, lengths_q, lengths_k, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
                            deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                            max_seqlen_k=max_seqlen_k)

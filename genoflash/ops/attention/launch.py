@@ -9,20 +9,20 @@ with one stage fewer (fewer K/V tiles in flight; same tiles, same grid, same res
 
 TMA descriptor loads (TMA=True, descriptors.py) crashed ptxas (triton 3.6, sm_90: SIGSEGV) in
 some kernel and tile combinations, e.g. the dK/dV pass with Q by TMA at 32x64 tiles, hd64,
-causal. Such a launch is retried with pointer loads (TMA=False, and DQ_TMA=False: the same
-tiles and results; the descriptors are then ignored). Both fallbacks are remembered per kernel specialisation,
+causal. Such a launch is retried with pointer loads (TMA=False: the same tiles and results; the
+descriptors are then ignored). Both fallbacks are remembered per kernel specialisation,
 so the failed compile is paid once per process.
 
 The attention kernels take ~56 runtime arguments and ~25 constexprs. Triton's JITFunction.run
 binds and specialises all of them on every launch, ~75 us per launch on the H200's host (with
-its launcher, ~120 of the ~400 us a launch costs there; benchmarks/attention_host_probe.py,
-NOTES.md sixteenth session): at short sequences the host, not the GPU, sets the pace. So once a
+its launcher, ~120 of the ~400 us a launch costs there; docs/design/launch-path.md): at short
+sequences the host, not the GPU, sets the pace. So once a
 launch has compiled, the compiled kernel is kept under a key made of everything its
 specialisation depends on (`specialisation_key`), and a later launch with the same key calls it
 directly: through the compiled kernel's launcher, with the arguments triton's own launch
 passes after binding. A key that differs in anything triton specialises on is a different
-entry, never a wrong hit. GENOFLASH_FAST_LAUNCH=0 turns this off; it is off under the Triton
-interpreter.
+entry, never a wrong hit. The fast_launch setting (genoflash.settings) turns this off for a
+call; it is off under the Triton interpreter.
 
 The direct call passes each tensor as its device address (an int). Given a tensor, triton's C
 launcher calls its data_ptr() and then asks the driver whether the address is a device one
@@ -36,7 +36,6 @@ launch metadata is built and no empty hook chain is called (triton's runner does
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 
 import torch
@@ -51,13 +50,12 @@ except ImportError:  # pragma: no cover
     _GluonTensorDescriptor = TensorDescriptor
 
 from ...backends import triton_interpreted
-from .configs import TileConfig
+from .configs import LaunchConfig
 
 _fitted: dict[tuple, tuple[int, bool]] = {}  # key -> (num_stages, TMA) that built
 tma_fallbacks: list[str] = []  # kernels whose TMA variant failed to build (for tests and reports)
-# Constexpr switches of TMA paths: TMA (descriptor loads and stores), DQ_TMA (the fused
-# backward's dQ reductions by TMA). A ptxas failure turns them all off.
-_TMA_FLAGS = ("TMA", "DQ_TMA")
+# The constexpr switch of the TMA paths (descriptor loads and stores); a ptxas failure turns it off.
+_TMA_FLAGS = ("TMA",)
 
 # (kernel, device, triton's debug and instrumentation knobs, launch key, specialisation key) ->
 # (compiled kernel, constexpr values in parameter order). Bounded: keys hold argument values
@@ -69,8 +67,24 @@ fast_launches = 0  # launches that took the cached kernel (tests read this)
 _INT32 = (-(2**31), 2**31)
 
 
-def _fast_launch_enabled() -> bool:
-    return os.environ.get("GENOFLASH_FAST_LAUNCH", "1") != "0" and not triton_interpreted()
+_INTERPRETED = triton_interpreted()  # fixed for the process: it must be set before genoflash is imported
+# Per thread: set while a call runs with the fast_launch setting off (without_fast_launch), and
+# while a thread records its launches for a plan (record_launches).
+_local = threading.local()
+
+
+def fast_launch_allowed() -> bool:
+    """Whether this thread's launches may take the cached kernels now."""
+    return not _INTERPRETED and not getattr(_local, "slow", False)
+
+
+def without_fast_launch(call):
+    """call() with every launch of this thread through triton's own launcher."""
+    saved, _local.slow = getattr(_local, "slow", False), True
+    try:
+        return call()
+    finally:
+        _local.slow = saved
 
 
 _unspecialised: dict = {}  # kernel -> positions of its do_not_specialize parameters
@@ -143,8 +157,8 @@ def specialisation_key(kernel, args: tuple) -> tuple | None:
 def _specialise(kernel, args: tuple) -> tuple[tuple | None, list | None]:
     """(specialisation_key, the arguments for the direct call: each tensor as its address)."""
     types = tuple(map(type, args))
-    layout = _layouts.get((kernel, types), _MISSING)
-    if layout is _MISSING:
+    layout = _layouts.get((kernel, types), MISSING)
+    if layout is MISSING:
         layout = _layouts[(kernel, types)] = _layout(kernel, types)
     if layout is None:
         return None, None
@@ -166,10 +180,10 @@ def _specialise(kernel, args: tuple) -> tuple[tuple | None, list | None]:
     return tuple(key), call
 
 
-_MISSING = object()
+MISSING = object()
 
 
-def _hooked(hook) -> bool:
+def hooked(hook) -> bool:
     """Whether a launch hook would call anything: triton 3.6 keeps an empty HookChain there by
     default, which its runner builds launch metadata for and its C launcher calls on every launch."""
     return hook is not None and getattr(hook, "calls", True) != []
@@ -195,33 +209,39 @@ def _remember(kernel, compiled, fast_key: tuple, nargs: int, constexprs: dict) -
 # Recording (plans.py): while a thread records, every launch it makes is appended as (the cached
 # entry (compiled, tail, direct), the grid's three axes, the arguments as given), or as None where
 # the launch could not be replayed (no fast-path entry, or one without a launcher).
-_recording = threading.local()
-
-
 @contextlib.contextmanager
 def record_launches():
     """Collect this thread's launches in the yielded list while the block runs."""
-    saved, _recording.launches = getattr(_recording, "launches", None), []
+    saved, _local.launches = getattr(_local, "launches", None), []
     try:
-        yield _recording.launches
+        yield _local.launches
     finally:
-        _recording.launches = saved
+        _local.launches = saved
 
 
 def _record(entry, grid: tuple, args: tuple) -> None:
-    launches = getattr(_recording, "launches", None)
+    launches = getattr(_local, "launches", None)
     if launches is not None:
         launches.append(None if entry is None or entry[2] is None else (entry, grid, args))
 
 
-def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
+def not_replayable() -> None:
+    """Called by launch code that does more than allocate and launch (a torch op of its own): the
+    call being recorded, if any, gets no plan."""
+    launches = getattr(_local, "launches", None)
+    if launches is not None:
+        launches.append(None)
+
+
+def launch(kernel, grid: tuple, cfg: LaunchConfig, *args, **constexprs) -> None:
+    """kernel[grid](*args, **constexprs) with cfg's warps and stages (a TileConfig's too)."""
     global fast_launches
     # Every keyword here is a constexpr switch (bools, ints, strings), so the items hash as they
     # are. A call site passes them in one order, so they need no sorting: a key built in another
     # order would only be a cache miss, never a wrong hit.
     key = (kernel.fn.__name__, cfg, tuple(constexprs.items()))
     fast_key = None
-    spec, call_args = _specialise(kernel, args) if _fast_launch_enabled() else (None, None)
+    spec, call_args = _specialise(kernel, args) if fast_launch_allowed() else (None, None)
     if spec is not None:
         device = driver.active.get_current_device()
         # triton also compiles per debug and instrumentation setting (knobs a user may switch at run time).
@@ -231,7 +251,7 @@ def launch(kernel, grid: tuple, cfg: TileConfig, *args, **constexprs) -> None:
             compiled, tail, direct = hit
             # All three grid axes, as CompiledKernel.__getitem__ indexes them.
             g0, g1, g2 = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
-            if direct is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+            if direct is None or hooked(knobs.runtime.launch_enter_hook) or hooked(knobs.runtime.launch_exit_hook):
                 compiled[(g0, g1, g2)](*args, *tail)  # the runner, with tensors (hooks may read them)
             else:  # the runner's own call, where no hook would be called (so no launch metadata either)
                 run, function, metadata = direct

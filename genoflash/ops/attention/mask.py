@@ -65,7 +65,7 @@ def _dropout_keep(seed, offset, bh, rows, start_n, threshold, BLOCK_M: tl.conste
     # Byte b of word q serves key 4q + b. Spreading each word over a new last axis of 4 (a
     # broadcast) and flattening keeps a word's bytes in the thread that holds the word. A second
     # join tree here took 18% more instructions per key tile on sm_90, most of them shuffles
-    # through shared memory (benchmarks/offline_compile.py --sass, benchmarks/NOTES.md).
+    # through shared memory (tools/offline_compile.py --sass; docs/design/fused-rope-dropout.md).
     # byte >= threshold is tested as (word << (24 - 8b)) >= threshold << 24, unsigned: byte b
     # moves to the top, the bytes below it cannot lift a smaller byte over the threshold, and
     # the mask that would isolate the byte is not needed.

@@ -1,41 +1,36 @@
 """Launch plans: a repeated attention call replayed from a recording of its launches.
 
-At short sequences the host, not the GPU, sets the pace. On the H200's host one fwd+bwd at B32
-N512 H16 hd128 took 0.8-1.3 ms of host time while the GPU was busy for 0.64 ms of it
-(benchmarks/host_timeline_probe.py, host_layers_probe.py; benchmarks/NOTES.md, twenty-first
-session). Most of that time recomputes, on every call, what depends only on the kind of call: tile
-configs, grids, strides, descriptor shapes, the fast launch's key over ~80 arguments.
+At short sequences the host, not the GPU, sets the pace: one fwd+bwd at B32 N512 H16 hd128 took
+0.8-1.3 ms of host time on the H200's host while the GPU was busy for 0.64 ms of it
+(docs/design/launch-path.md). Most of that time recomputed, on every call, what depends only on
+the kind of call: tile configs, grids, strides, descriptor shapes, the fast launch's key over ~80
+arguments.
 
-A plan is made from the first call of a kind (its `forward_key` / `backward_key`): the launch code
-runs as usual while launch.py records each launch (the compiled kernel's launcher and its
-arguments), and each tensor argument is traced back to one of the call's inputs, to one of its
-outputs, or to a buffer it allocated. A later call of the same kind allocates the outputs and
-buffers and calls the same launchers with the same arguments but for the new addresses: the same
-kernels, so the same results, bit for bit (tests/test_launch.py compares them on the GPU).
+A plan is made from the first call of a kind: the pass runs as usual while launch.py records each
+launch (the compiled kernel's launcher and its arguments), and each tensor argument is traced back
+to one of the call's inputs, to one of its outputs, or to a buffer it allocated. A later call of
+the same kind allocates the outputs and buffers and calls the same launchers with the same
+arguments but for the new addresses: the same kernels, so the same results, bit for bit
+(tests/ops/attention/test_launch.py compares them on the GPU).
 
-What a plan may not hold, its key leaves out (the call then takes the usual path every time):
-anything with tensors or per-call values of its own (varlen's cu_seqlens, ALiBi slopes, RoPE
-tables, dropout's seed), and the choices made from the device's free memory at the time (the
-forward's key chunks, the one-pass backward's large accumulators). Launch code that runs torch
-ops of its own besides allocation (a sum, a fill) calls `not_replayable()`. The key holds the
-module switches the launch code reads (TMA, the Gluon backward, its length limits, config
-overrides) and refuses to plan while a test has replaced one of the launch code's functions.
-Under the Triton interpreter, with GENOFLASH_FAST_LAUNCH=0 or GENOFLASH_LAUNCH_PLANS=0, or while a
-launch hook is set (a profiler), no plan is made or used.
+The kind of a call is its pass's `plan_key` (forward.py, backward.py): everything the launch code
+reads that may differ between calls (shapes, strides, alignments, dtypes, scalars, the settings),
+or None where a call has tensors or per-call values of its own (varlen's cu_seqlens, ALiBi slopes,
+RoPE tables, dropout's seed) or where the launch code decides from the device's free memory at the
+time. Launch code that runs torch ops of its own besides allocation (a sum, a fill) calls
+`launch.not_replayable()`. No plan is made or used under the Triton interpreter, with the
+fast_launch setting off, while tile configs are overridden (tests), or while a launch hook is set
+(a profiler).
 """
 
 from __future__ import annotations
-
-import os
-import sys
 
 import torch
 from triton import knobs
 from triton.runtime import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..host import switched
-from . import backward_sm90, configs, descriptors, launch as launcher
+from . import configs, descriptors, launch as launcher
 from .args import AttentionArgs
 
 try:
@@ -45,95 +40,29 @@ except ImportError:  # pragma: no cover
 _DESCRIPTORS = (TensorDescriptor, _GluonTensorDescriptor)
 _SCALARS = (int, float, bool, type(None))
 
-_enabled = os.environ.get("GENOFLASH_LAUNCH_PLANS", "1") != "0"
-# Whether a replay calls triton's C launchers itself (`_raw_launcher`) rather than through their
-# Python wrappers; GENOFLASH_RAW_LAUNCH=0 keeps the wrappers.
-_raw_enabled = os.environ.get("GENOFLASH_RAW_LAUNCH", "1") != "0"
 _plans: dict[tuple, "_Plan | None"] = {}  # key -> plan, or None: this kind of call cannot be replayed
 _PLANS_MAX = 256  # keys hold shapes: a workload whose shapes never repeat must not grow this without end
 replays = 0  # calls answered by a plan (tests read this)
 
 
-def use_plans(enabled: bool):
-    """Allow (True, the default) or forbid launch plans in this block, in every thread."""
-    return switched(sys.modules[__name__], "_enabled", enabled)
+def plannable(a: AttentionArgs, q: torch.Tensor) -> bool:
+    """Whether a call with these arguments may have a plan: CUDA tensors, the fast launch on, and
+    no tensors or per-call values beside q, k and v (varlen, ALiBi, RoPE, dropout)."""
+    return (q.is_cuda and a.settings.fast_launch and not a.varlen and a.alibi_slopes is None
+            and a.rotary_cos is None and a.dropout is None)
 
 
-def not_replayable() -> None:
-    """Called by launch code that does more than allocate and launch (a torch op of its own): the
-    call being recorded, if any, gets no plan."""
-    launches = getattr(launcher._recording, "launches", None)
-    if launches is not None:
-        launches.append(None)
+def switches() -> tuple:
+    """What every key holds beside its call's own values: triton compiles per debug and
+    instrumentation setting, and per device."""
+    return knobs.runtime.debug, knobs.compilation.instrumentation_mode, driver.active.get_current_device()
 
 
-# ---------------------------------------------------------------- keys
-
-def _originals() -> list:
-    from . import backward, forward
-    return [(forward, "launch", launcher.launch), (backward, "launch", launcher.launch),
-            (backward_sm90, "launch", launcher.launch), (forward, "forward_config", configs.forward_config),
-            (backward, "backward_config", configs.backward_config), (forward, "forward_key_chunk",
-                                                                       configs.forward_key_chunk),
-            (backward, "dkdv_group_split", configs.dkdv_group_split), (configs, "_sm_count", configs._sm_count),
-            (configs, "triton_interpreted", configs.triton_interpreted),
-            (backward_sm90, "applies", backward_sm90.applies),
-            (backward_sm90, "attention_backward_sm90", backward_sm90.attention_backward_sm90)]
-
-
-_ORIGINALS: list = []
-
-
-def _switches() -> tuple | None:
-    """What else the launch code reads that may change between calls; None where no plan may be
-    made or used now."""
-    if not _enabled or configs._override or not launcher._fast_launch_enabled():
-        return None
-    if launcher._hooked(knobs.runtime.launch_enter_hook) or launcher._hooked(knobs.runtime.launch_exit_hook):
-        return None
-    if not _ORIGINALS:
-        _ORIGINALS.extend(_originals())
-    for module, name, original in _ORIGINALS:
-        if getattr(module, name) is not original:
-            return None
-    return (descriptors._enabled, backward_sm90._enabled, backward_sm90.length_limits(),
-            backward_sm90.ACCUM_MAX_FREE_FRACTION, configs.SMALL_BUFFER_FRACTION, configs.FORWARD_KEY_CHUNK,
-            knobs.runtime.debug, knobs.compilation.instrumentation_mode, driver.active.get_current_device())
-
-
-def _plannable(a: AttentionArgs) -> bool:
-    return not (a.varlen or a.alibi_slopes is not None or a.rotary_cos is not None or a.dropout is not None)
-
-
-def forward_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> tuple | None:
-    """The kind of an attention_forward call, or None where it takes the usual path."""
-    if not _plannable(a) or not q.is_cuda:
-        return None
-    chunk = configs.FORWARD_KEY_CHUNK
-    if chunk and k.shape[1] > chunk and a.window_left < 0 and a.window_right < 0:
-        return None  # the key-chunk split is decided from the free memory at the time
-    switches = _switches()
-    if switches is None:
-        return None
-    return ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
-            q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, a.softmax_scale, a.window_left,
-            a.window_right, a.softcap, switches)
-
-
-def backward_key(dout, q, k, v, out, lse, a: AttentionArgs) -> tuple | None:
-    """The kind of an attention_backward call, or None where it takes the usual path."""
-    if not _plannable(a) or not q.is_cuda:
-        return None
-    # The one-pass backward's accumulator is taken by the free memory at the time unless small.
-    if backward_sm90.accumulator_bytes(q) > configs.SMALL_BUFFER_FRACTION * configs._device_total_memory(q.device):
-        return None
-    switches = _switches()
-    if switches is None:
-        return None
-    return ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), dout.shape,
-            dout.stride(), lse.shape, lse.stride(), q.dtype, q.device, q.data_ptr() & 15, k.data_ptr() & 15,
-            v.data_ptr() & 15, out.data_ptr() & 15, dout.data_ptr() & 15, lse.data_ptr() & 15, a.softmax_scale,
-            a.window_left, a.window_right, a.softcap, a.deterministic, switches)
+def _usable() -> bool:
+    """Whether plans may be made or used now (beyond what a key says)."""
+    if not launcher.fast_launch_allowed() or configs.overridden():
+        return False
+    return not (launcher.hooked(knobs.runtime.launch_enter_hook) or launcher.hooked(knobs.runtime.launch_exit_hook))
 
 
 # ---------------------------------------------------------------- plans
@@ -228,7 +157,7 @@ _MAPS_PER_SLOT = 8
 def _raw_launcher(run):
     """(C launch function, tensordesc metadata list or None) of a CudaLauncher whose launches need
     no scratch memory, or None where this triton's launcher is not laid out as 3.6's."""
-    if not _raw_enabled or type(run).__name__ != "CudaLauncher":
+    if type(run).__name__ != "CudaLauncher":
         return None
     try:
         if run.global_scratch_size or run.profile_scratch_size:
@@ -362,16 +291,19 @@ def build(recorded: list, inputs: tuple, outputs: tuple) -> _Plan | None:
     return _Plan(tuple((tuple(t.shape), t.dtype) for t in outputs), buffers, launches)
 
 
-def planned(key: tuple | None, inputs: tuple, call):
+def planned(key: tuple | None, inputs: tuple, call, fast: bool = True):
     """call()'s outputs (a tuple of tensors): replayed from the plan for `key` when there is one;
-    else call() runs, recorded, and its launches become the plan for `key`."""
+    else call() runs, recorded, and its launches become the plan for `key`. fast=False (the
+    fast_launch setting off): call() runs with every launch through triton's own launcher."""
     global replays
-    if key is None:
+    if not fast:
+        return launcher.without_fast_launch(call)
+    if key is None or not _usable():
         return call()
-    plan = _plans.get(key, launcher._MISSING)
+    plan = _plans.get(key, launcher.MISSING)
     if plan is None:  # this kind of call cannot be replayed
         return call()
-    if plan is not launcher._MISSING:
+    if plan is not launcher.MISSING:
         replays += 1
         return plan.run(inputs)
     with launcher.record_launches() as recorded:

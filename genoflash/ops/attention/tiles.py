@@ -84,17 +84,3 @@ def _store_tile_tma(desc, value, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BL
 def _store_tile_tma_at(desc, value, off_b, row, off_h, col, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """_store_tile_tma from channel `col` on (a group of channels, as V's split tail is)."""
     desc.store([off_b, row, off_h, col], value.reshape(1, BLOCK_ROWS, 1, BLOCK_D))
-
-
-@triton.jit
-def _atomic_add_tile_tma(desc, value, off_b, row, off_h, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Add a tile into a float32 accumulator through a TMA descriptor: one bulk reduction
-    (cp.reduce.async.bulk on Hopper) done by the copy engine near L2, instead of one atomic
-    instruction per element. Rows past the sequence end and padded channels are clipped."""
-    _atomic_add_tile_tma_at(desc, value, off_b, row, off_h, 0, BLOCK_ROWS, BLOCK_D)
-
-
-@triton.jit
-def _atomic_add_tile_tma_at(desc, value, off_b, row, off_h, col, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """_atomic_add_tile_tma from channel `col` on (a group of channels, as rotary.py's t is)."""
-    desc.atomic_add([off_b, row, off_h, col], value.reshape(1, BLOCK_ROWS, 1, BLOCK_D))

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..host import cdiv, next_power_of_2
+from ..common.host import cdiv, next_power_of_2
 
 _BLOCK_T = 64  # tokens per program
 
@@ -63,7 +63,7 @@ def _rotary_kernel(X, OUT, COS, SIN, CU_SEQLENS, OFFSETS,
         oh = o_rows + h * stride_oh
         a = tl.load(xh + first[None, :], mask=pairs, other=0.0).to(tl.float32)
         b = tl.load(xh + second[None, :], mask=pairs, other=0.0).to(tl.float32)
-        # In float32, rounded once to the output's dtype, as genoflash.rotary.apply_rotary does.
+        # In float32, rounded once to the output's dtype, as reference.rotate does.
         tl.store(oh + first[None, :], (a * cos - b * sin).to(OUT.dtype.element_ty), mask=pairs)
         tl.store(oh + second[None, :], (b * cos + a * sin).to(OUT.dtype.element_ty), mask=pairs)
         if ROTARY_DIM < HEAD_DIM:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...backends import select_backend, triton_interpreted
-from ..attention.interface import _check_cu_seqlens
+from ..common.checks import check_cu_seqlens
 from .reference import rotary_reference
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -89,7 +89,7 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
     if varlen:
-        lengths = _check_cu_seqlens("cu_seqlens", cu_seqlens, x.shape[0], max_seqlen, x.device)
+        lengths = check_cu_seqlens("cu_seqlens", cu_seqlens, x.shape[0], max_seqlen, x.device)
     else:
         if max_seqlen is not None:
             raise ValueError("max_seqlen goes with cu_seqlens (a packed batch)")

@@ -1,7 +1,7 @@
 """flash_attn_func against a float64 reference: forward, all gradients, every backend.
 
 On the CPU the `triton` backend runs the real kernels under the Triton interpreter.
-On a GPU (scripts/gpu_tests.sh) the same tests run compiled, with bfloat16 added.
+On a GPU (tools/gpu_tests.sh) the same tests run compiled, with bfloat16 added.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import genoflash
 from genoflash.ops.attention.configs import BackwardConfig, TileConfig, override_configs
 from genoflash.ops.attention.reference import attention_reference
 
-from .attention_utils import LIGHT_PASSES, assert_within_rule, outputs_and_grads, random_qkv, reference_pair
-from .conftest import HAS_CUDA
+from tests.utils import assert_within_rule, outputs_and_grads, random_qkv, reference_pair
+from tests.utils import HAS_CUDA
 
 BACKENDS = ["triton", "torch"]
 # bf16 tl.dot is wrong under the Triton interpreter (triton 3.6), so bf16 is tested on the GPU.
@@ -69,9 +69,9 @@ def test_head_dims(backend, headdim, causal, dtype, device):
 @pytest.mark.parametrize(
     "fwd,bwd",
     [
-        (TileConfig(16, 16), BackwardConfig(TileConfig(16, 16), TileConfig(16, 16), 16)),
-        (TileConfig(16, 64), BackwardConfig(TileConfig(64, 16), TileConfig(16, 64), 16)),
-        (TileConfig(64, 16), BackwardConfig(TileConfig(16, 64), TileConfig(64, 16), 64)),
+        (TileConfig(16, 16), BackwardConfig(TileConfig(16, 16), TileConfig(16, 16))),
+        (TileConfig(16, 64), BackwardConfig(TileConfig(64, 16), TileConfig(16, 64))),
+        (TileConfig(64, 16), BackwardConfig(TileConfig(16, 64), TileConfig(64, 16))),
     ],
     ids=["16x16", "16x64", "64x16"],
 )
@@ -145,13 +145,11 @@ def test_tma_descriptor_and_pointer_loads(tma, causal, seqlen_q, seqlen_k, headd
     2 bytes past a 16-byte boundary, which the copy engine cannot take, so it must fall back to
     pointer loads even where TMA is allowed."""
     from genoflash.ops.attention import backward, forward
-    from genoflash.ops.attention.descriptors import use_tma
 
     seen = []
     real_launch = forward.launch
     def spy(kernel, *args, **kw):
-        if kernel.fn.__name__ not in LIGHT_PASSES:
-            seen.append(kw["TMA"])
+        seen.append(kw["TMA"])
         return real_launch(kernel, *args, **kw)
 
     for module in (forward, backward):  # forward, dK/dV and dQ launches
@@ -163,9 +161,10 @@ def test_tma_descriptor_and_pointer_loads(tma, causal, seqlen_q, seqlen_k, headd
     if misaligned:
         q = torch.randn(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape).requires_grad_()
     # Q by TMA in the dK/dV pass too (the tile config's choice; off at hd128 on the GPU).
-    bwd = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), 64, dkdv_q_by_tma=True)
-    with genoflash.use_backend("triton"), use_tma(tma), override_configs(backward=bwd):
-        # deterministic: the triton passes (the Gluon backward, all TMA, is tested in test_attention_sm90.py)
+    bwd = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), dkdv_q_by_tma=True)
+    # fast_launch off: a launch plan would replay the launches without the spy seeing them
+    with genoflash.settings(backend="triton", tma=tma, fast_launch=False), override_configs(backward=bwd):
+        # deterministic: the triton passes (the Gluon backward, all TMA, is tested in test_sm90.py)
         got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal, deterministic=True),
                                 q, k, v, dout)
     hopper = device.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
@@ -239,21 +238,61 @@ def test_rule_catches_wrong_answers(device):
         assert_within_rule(unwritten, truth, same)
 
 
-def test_default_backend_follows_device(monkeypatch):
+def test_default_backend_follows_device():
     from genoflash.backends import select_backend
 
-    monkeypatch.delenv("GENOFLASH_BACKEND", raising=False)
     assert select_backend(torch.device("cpu")) == "torch"
     assert select_backend(torch.device("cuda")) == "triton"
-    monkeypatch.setenv("GENOFLASH_BACKEND", "reference")
-    assert select_backend(torch.device("cpu")) == "reference"
+    with genoflash.settings(backend="reference"):
+        assert select_backend(torch.device("cpu")) == "reference"
+        assert select_backend(torch.device("cuda")) == "reference"
     with genoflash.use_backend("triton"):
         with genoflash.use_backend("torch"):
             assert select_backend(torch.device("cpu")) == "torch"
         assert select_backend(torch.device("cpu")) == "triton"
-    monkeypatch.setenv("GENOFLASH_BACKEND", "cudnn")
-    with pytest.raises(ValueError, match="GENOFLASH_BACKEND"):
-        select_backend(torch.device("cpu"))
+    assert select_backend(torch.device("cpu")) == "torch"  # restored on leaving the blocks
+    with pytest.raises(ValueError, match="unknown backend 'cudnn'"):
+        with genoflash.settings(backend="cudnn"):
+            pass
+
+
+def test_settings_nest_and_reject_unknown_names():
+    from genoflash.settings import current
+
+    assert current() == genoflash.Settings()
+    with genoflash.settings(tma=False) as outer:
+        assert outer.tma is False and outer.fast_launch is True
+        with genoflash.settings(fast_launch=False) as inner:
+            assert (inner.tma, inner.fast_launch) == (False, False)
+        assert current() == outer
+    assert current() == genoflash.Settings()
+    with pytest.raises(TypeError, match="unknown setting"):
+        with genoflash.settings(tmaa=False):
+            pass
+    with pytest.raises(TypeError, match=r"settings\(tma=...\) must be a bool"):
+        with genoflash.settings(tma="no"):
+            pass
+
+
+def test_a_call_keeps_the_settings_it_was_made_with():
+    """The backward reads the settings of its forward (autograd may run it on another thread, where
+    the caller's settings block is not in force)."""
+    from genoflash.ops.attention import interface
+
+    q = torch.randn(1, 5, 1, 8, requires_grad=True)
+    seen = []
+    real = interface._backward
+    def spy(dout, q, k, v, out, lse, a, backend):
+        seen.append(a.settings)
+        return real(dout, q, k, v, out, lse, a, backend)
+    interface._backward = spy
+    try:
+        with genoflash.settings(tma=False, fast_launch=False):
+            out = genoflash.flash_attn_func(q, q, q)
+        out.sum().backward()  # outside the block
+    finally:
+        interface._backward = real
+    assert seen == [genoflash.Settings(tma=False, fast_launch=False)]
 
 
 def test_launch_steps_down_pipeline_stages_when_shared_memory_runs_out():

@@ -4,17 +4,23 @@ Reports, per kernel launched by the given call: shared memory, registers and spi
 ptxas -v). This catches "out of resource: shared memory" and register spills before a
 device call is spent on them. The kernels are compiled, never run: outputs are garbage.
 
-    python benchmarks/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
+    python tools/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
 
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mamba (the
-selective scan; --channels-first: its state-loop kernels) or probe (plain, plus fwd_variants_probe.py's minimal TMA forward, as is and
-with lazy rescaling, at the forward's tile); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS (and its PTX beside it); --no-tma keeps pointer loads where TMA
-descriptors would apply; --fused compiles the triton one-pass backward (--fused-dkdv
-forces its tiles); --sm90-backward the Gluon one (backward_sm90.py; its compute warps run at 240
-registers, so ptxas's count is the launch's, and a spill is what to look for); --dq-rope-tma: RoPE's dQ pass with K and the tables by TMA; --key-chunk N: the
-forward over chunks of N keys; --causal, --softcap X, --alibi, --varlen and --gqa add those features
-(--heads-per-split N: GQA's dK/dV pass with the group split over programs). A kernel
-whose wgmma ptxas serialized (note C7515: no tensor-core pipelining) is marked WGMMA-SERIALIZED.
+selective scan's backward; --channels-first: its channels-first kernels; --sequential-forward: the
+forward's kernels), rotary (the rotary pass) or hyena (the short convolution and the FFT staging
+kernels); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS (and its PTX beside
+it); --no-tma keeps pointer loads where TMA descriptors would apply; --sm90-backward compiles the
+Gluon one-pass backward (backward_sm90.py; its compute warps run at 240 registers, so ptxas's
+count is the launch's, and a spill is what to look for); --dq-rope-tma: RoPE's dQ pass with K and
+the tables by TMA; --key-chunk N: the forward over chunks of N keys; --causal, --softcap X,
+--alibi, --varlen and --gqa add those features (--heads-per-split N: GQA's dK/dV pass with the
+group split over programs). A kernel whose wgmma ptxas serialized (note C7515: no tensor-core
+pipelining) is marked WGMMA-SERIALIZED.
+
+A change meant to keep the machine code as it is (Python moved, a helper renamed) is checked by
+writing --sass before and after and comparing the files: tools/sass_diff.sh runs a set of cases
+for two trees.
 """
 
 from __future__ import annotations
@@ -26,9 +32,6 @@ import sys
 import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
-os.environ["GENOFLASH_OFFLINE_COMPILE"] = "1"
-# Launches here only compile: a cached compiled kernel (launch.py's fast path) cannot be called.
-os.environ["GENOFLASH_FAST_LAUNCH"] = "0"
 
 import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -150,7 +153,7 @@ def stand_in_for_sm90(no_tma: bool = False) -> torch.device:
     configs apply."""
     from genoflash.ops.attention import backward as bwd_mod, configs, descriptors, forward as fwd_mod, interface
 
-    interface._check_triton_device = lambda q: None
+    interface.check_triton_device = lambda q: None
     gpu = torch.device("cuda")
     fwd_cfg, bwd_cfg = configs.forward_config, configs.backward_config
     configs.forward_config = lambda d, dv, causal, dt, device, *rest: fwd_cfg(d, dv, causal, dt, gpu, *rest)
@@ -160,9 +163,9 @@ def stand_in_for_sm90(no_tma: bool = False) -> torch.device:
             if hasattr(mod, name):
                 setattr(mod, name, getattr(configs, name))
 
-    def tma_on_sm90(varlen, rotary_dim, *tensors):
-        return (not no_tma and not varlen and not rotary_dim
-                and all(t.dim() == 4 and descriptors._aligned(t) for t in tensors))
+    def tma_on_sm90(a, *tensors, rotary=False):
+        return (a.settings.tma and not no_tma and not a.varlen and (not a.rotary_dim or rotary)
+                and all(t.dim() == 4 and descriptors.aligned(t) for t in tensors))
     # descriptors.tma_applies too: rope_tma_applies (the forward's RoPE path) asks it.
     fwd_mod.tma_applies = bwd_mod.tma_applies = descriptors.tma_applies = tma_on_sm90
     return gpu
@@ -180,8 +183,6 @@ def main(argv):
     parser.add_argument("--rotary-dim", type=int)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--no-tma", action="store_true", help="pointer loads where TMA descriptors would apply")
-    parser.add_argument("--fused", action="store_true", help="deterministic=False: dQ by atomics in the dK/dV pass")
-    parser.add_argument("--fused-dkdv", help="BM,BN,WARPS,STAGES of the fused dK/dV pass")
     parser.add_argument("--dq-rope-tma", action="store_true",
                         help="RoPE: the dQ pass takes K's halves and the tables by TMA (BackwardConfig.dq_rope_by_tma)")
     parser.add_argument("--sm90-backward", action="store_true",
@@ -208,7 +209,7 @@ def main(argv):
     JITFunction.run = _compile_only
     import genoflash
     from genoflash.ops.attention import configs
-    from genoflash.rotary import rotary_tables
+    from genoflash.ops.rotary import rotary_tables
 
     gpu = stand_in_for_sm90(no_tma=args.no_tma)
     bwd_cfg = configs.backward_config
@@ -279,22 +280,20 @@ def main(argv):
         kw["alibi_slopes"] = torch.rand(h)
     fwd = _tiles(args.fwd) if args.fwd else None
     bwd = None
-    if args.fused:
-        kw["deterministic"] = False
     if args.sm90_backward:  # the GPU's dispatch, with the device check left out
         from genoflash.ops.attention import backward_sm90
         kw["deterministic"] = False
         backward_sm90.applies = lambda q, k, v, dout, out, a: not a.deterministic and backward_sm90.supports(
             q, k, v, dout, out, a)
-    if args.dkdv or args.dq or args.fused_dkdv:
+    if args.dkdv or args.dq:
         gpu_default = bwd_cfg(d, dv, False, dtype, gpu, 4 if case in ("rope", "rope-dropout") else 2 if "rope" in case else 0,
                               "dropout" in case)
         bwd = configs.BackwardConfig(_tiles(args.dkdv) if args.dkdv else gpu_default.dkdv,
                                      _tiles(args.dq) if args.dq else gpu_default.dq,
-                                     dkdv_q_by_tma=gpu_default.dkdv_q_by_tma,
-                                     fused_dkdv=_tiles(args.fused_dkdv) if args.fused_dkdv else None)
-    with genoflash.use_backend("triton"), configs.override_configs(
-            fwd, bwd, one_pass=True if args.fused else None, dq_rope_by_tma=True if args.dq_rope_tma else None,
+                                     dkdv_q_by_tma=gpu_default.dkdv_q_by_tma)
+    # Launches here only compile: a cached compiled kernel (launch.py's fast path) cannot be called.
+    with genoflash.settings(backend="triton", fast_launch=False), configs.override_configs(
+            fwd, bwd, dq_rope_by_tma=True if args.dq_rope_tma else None,
             key_chunk=args.key_chunk, dkdv_heads_per_split=args.heads_per_split):
         if args.varlen:
             cu = torch.tensor([0, 300, n], dtype=torch.int32)
@@ -302,20 +301,12 @@ def main(argv):
         else:
             out = genoflash.flash_attn_func(q, k, v, **kw)
         out.backward(torch.randn_like(out))
-    if case == "probe":  # beside them, fwd_variants_probe.py's minimal TMA forward at the same tile
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from fwd_variants_probe import probe_forward
-        cfg = fwd or configs.forward_config(d, dv, False, dtype, gpu)
-        for variant in ("tma", "tma+lazy"):
-            probe_forward(q.detach(), k.detach(), v.detach(), False, variant, cfg.block_m, cfg.block_n,
-                          cfg.num_warps, cfg.num_stages)
     seen: dict[str, int] = {}
     for name, warps, stages, kernel in COMPILED:
-        if name in ("_attn_bwd_preprocess_kernel", "_attn_bwd_dq_convert_kernel", "_bwd_sm90_prologue_kernel",
-                    "_bwd_sm90_dq_kernel"):
+        if name in ("_bwd_sm90_prologue_kernel", "_bwd_sm90_dq_kernel"):
             continue
         seen[name] = seen.get(name, 0) + 1
-        if seen[name] > 1:  # another variant of the same kernel (probe: tma, then tma+lazy)
+        if seen[name] > 1:  # another launch of the same kernel (the key chunks' launches)
             name = f"{name}-{seen[name]}"
         print(f"{case} {args.dtype} d={d} dv={dv} r={rotary_dim if 'rope' in case else 0} {name:<22} warps {warps} "
               f"stages {stages} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")

@@ -16,7 +16,7 @@ import genoflash
 from genoflash.ops.attention import launch as launcher
 from genoflash.ops.attention.configs import TileConfig
 
-from .conftest import HAS_CUDA
+from tests.utils import HAS_CUDA
 
 
 def _kernel(names, unspecialised=()):
@@ -54,7 +54,7 @@ def _kernel(names, unspecialised=()):
 @pytest.fixture
 def fast(monkeypatch):
     """The fast path switched on as on a GPU, with a stand-in current device."""
-    monkeypatch.setattr(launcher, "_fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(launcher, "_INTERPRETED", False)
     monkeypatch.setattr(launcher, "driver", types.SimpleNamespace(
         active=types.SimpleNamespace(get_current_device=lambda: 0)))
     launcher._compiled.clear()
@@ -171,7 +171,7 @@ def test_direct_launch_passes_tensors_as_addresses(fast, monkeypatch):
     assert compiled.direct == [(5, 2, 1, 77, 1234, (8, 1, 4096), None, None, None, x.data_ptr(), desc, 16, 64)]
     assert type(compiled.direct[0][9]) is int
     # triton's default hooks are empty chains: nothing to call, so the direct path stands.
-    assert not launcher._hooked(knobs.runtime.launch_enter_hook) and not launcher._hooked(None)
+    assert not launcher.hooked(knobs.runtime.launch_enter_hook) and not launcher.hooked(None)
     chain = type(knobs.runtime.launch_enter_hook)()
     chain.add(lambda metadata: None)
     for hook in ("launch_enter_hook", "launch_exit_hook"):
@@ -216,13 +216,12 @@ def test_kernels_without_triton_s_parameters_take_the_usual_path(fast):
 
 
 def test_fast_path_is_off_under_the_interpreter_and_when_asked(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not launcher._fast_launch_enabled()
-    monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "0")
-    assert not launcher._fast_launch_enabled()
-    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "1")
-    assert launcher._fast_launch_enabled()
+    monkeypatch.setattr(launcher, "_INTERPRETED", True)
+    assert not launcher.fast_launch_allowed()
+    monkeypatch.setattr(launcher, "_INTERPRETED", False)
+    assert launcher.fast_launch_allowed()
+    seen = launcher.without_fast_launch(lambda: [launcher.fast_launch_allowed()])
+    assert seen == [False] and launcher.fast_launch_allowed()
 
 
 @pytest.mark.gpu
@@ -252,9 +251,8 @@ def test_fast_path_equals_the_usual_launch_on_gpu(features, monkeypatch):
 
     cases = [inputs(256), inputs(256), inputs(257), inputs(256, misaligned=True), inputs(256), inputs(257),
              inputs(256, misaligned=True)]
-    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "0")
-    usual = [run(*case) for case in cases]
-    monkeypatch.setenv("GENOFLASH_FAST_LAUNCH", "1")
+    with genoflash.settings(fast_launch=False):
+        usual = [run(*case) for case in cases]
     monkeypatch.setattr(plans, "_plans", {})
     before, replays = launcher.fast_launches, plans.replays
     fast = [run(*case) for case in cases]
@@ -289,12 +287,12 @@ def test_plans_replay_the_gluon_backward_and_refuse_the_group_split_on_gpu(monke
 
     calls, real = [], backward_sm90.attention_backward_sm90
     case = qkv(2048, 4, 4)
-    with plans.use_plans(False):
+    with genoflash.settings(fast_launch=False):
         want = run(*case, causal=False)
     replays = plans.replays
     got = [run(*case, causal=False) for _ in range(3)]  # recorded, then replayed twice
     assert plans.replays == replays + 4
-    with monkeypatch.context() as m:  # (no plan is made or used while a launch-code function is replaced)
+    with monkeypatch.context() as m, genoflash.settings(fast_launch=False):  # (a replay would skip the spy)
         m.setattr(backward_sm90, "attention_backward_sm90", lambda *a: calls.append(1) or real(*a))
         run(*case, causal=False)
     assert calls, "the Gluon backward does not apply to this case"
@@ -306,7 +304,7 @@ def test_plans_replay_the_gluon_backward_and_refuse_the_group_split_on_gpu(monke
                 assert torch.equal(x, y), name
     # MQA at 4,096 tokens: 32 dK/dV programs for 132 SMs, so its heads split over programs.
     case = qkv(4096, 16, 1)
-    with plans.use_plans(False):
+    with genoflash.settings(fast_launch=False):
         want = run(*case, causal=True, deterministic=True)
     keys = set(plans._plans)
     for _ in range(2):
@@ -318,10 +316,10 @@ def test_plans_replay_the_gluon_backward_and_refuse_the_group_split_on_gpu(monke
 
 
 def test_host_integer_helpers_equal_triton_s():
-    """ops/host.py's cdiv and next_power_of_2 (plain Python, for launch code) give triton's values."""
+    """ops/common/host.py's cdiv and next_power_of_2 (plain Python, for launch code) give triton's values."""
     import triton
 
-    from genoflash.ops.host import cdiv, next_power_of_2
+    from genoflash.ops.common.host import cdiv, next_power_of_2
 
     for a in range(0, 3000, 7):
         assert next_power_of_2(a) == triton.next_power_of_2(a), a

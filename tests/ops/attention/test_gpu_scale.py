@@ -1,5 +1,5 @@
 """GPU-only checks at sizes the CPU cannot reach: long sequences, tensors past 2^31
-elements, and peak memory that grows linearly in N. Run by scripts/gpu_tests.sh."""
+elements, and peak memory that grows linearly in N. Run by tools/gpu_tests.sh."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 import genoflash
 
-from .attention_utils import EPS
+from tests.utils import EPS
 
 pytestmark = pytest.mark.gpu
 
@@ -163,7 +163,7 @@ def test_peak_memory_is_linear_in_seqlen(mode, monkeypatch):
 
 def test_grid_with_more_than_65535_heads():
     """batch * nheads = 70,400 programs per row block: more than a grid's y/z axes could hold."""
-    from .attention_utils import assert_within_rule, outputs_and_grads, random_qkv, reference_pair
+    from tests.utils import assert_within_rule, outputs_and_grads, random_qkv, reference_pair
 
     torch.manual_seed(9)
     q, k, v, dout = random_qkv(1100, 33, 47, 64, 16, torch.bfloat16, "cuda")

@@ -10,10 +10,10 @@ import torch
 import genoflash
 from genoflash.ops.attention.dropout import DropoutArgs
 from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
-from genoflash.rotary import apply_rotary, rotary_tables
+from genoflash.ops.rotary import rotary_tables, rotate
 
-from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
-from .conftest import HAS_CUDA
+from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
+from tests.utils import HAS_CUDA
 
 BACKENDS = ["triton", "torch"]
 DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
@@ -63,7 +63,7 @@ def test_dropout_at_production_tile_configs(d, with_rope, device):
 
     def reference(a, b, c):
         if with_rope:
-            a, b = apply_rotary(a, cos, sin), apply_rotary(b, cos, sin)
+            a, b = rotate(a, cos, sin), rotate(b, cos, sin)
         return attention_reference(a, b, c, dropout=drop)[0]
 
     truth, same = reference_pair(q, k, v, dout, fn=reference)
@@ -86,7 +86,7 @@ def test_rope_dropout_window_varlen_together(backend, device):
 
     def rotated_then_reference(a, b, c):
         bounds = cu_s.tolist()
-        rot = [(apply_rotary(a[None, s:e], cos, sin)[0], apply_rotary(b[None, s:e], cos, sin)[0])
+        rot = [(rotate(a[None, s:e], cos, sin)[0], rotate(b[None, s:e], cos, sin)[0])
                for s, e in zip(bounds, bounds[1:])]
         return attention_reference_varlen(torch.cat([r[0] for r in rot]), torch.cat([r[1] for r in rot]), c, cu_s,
                                           cu_s, dropout=d, **kw)[0]

@@ -5,7 +5,7 @@ fixed lengths, full or causal, no other feature. On the GPU each case is checked
 float64 reference under the error rule, with every allocation NaN-poisoned and the dispatch
 watched, so that a silent fall back to the triton backward fails the test. Where it must not be
 taken (deterministic=True, every other feature, misaligned tensors), the test checks that it is
-not. On the CPU (CI) the dispatch rule itself is checked; tests/test_sm90_compile.py compiles the
+not. On the CPU (CI) the dispatch rule itself is checked; test_sm90_compile.py compiles the
 kernel for sm_90.
 """
 
@@ -17,11 +17,12 @@ import torch
 import genoflash
 from genoflash.ops.attention import backward_sm90
 from genoflash.ops.attention.args import AttentionArgs
+from genoflash.ops.attention.configs import override_configs
 from genoflash.ops.attention.dropout import DropoutArgs
-from genoflash.rotary import rotary_tables
+from genoflash.ops.rotary import rotary_tables
 
-from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
-from .conftest import HAS_CUDA
+from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
+from tests.utils import HAS_CUDA
 
 ON_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100 / H200)")
@@ -30,9 +31,8 @@ sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100 / H200)"
 @pytest.fixture
 def sm90_calls(monkeypatch):
     """How many backward passes went through the Gluon kernel. It is taken at every length here
-    (MIN_SEQLEN keeps it from short sequences in use; the kernel itself works at any length)."""
-    monkeypatch.setattr(backward_sm90, "MIN_SEQLEN", 0)
-    monkeypatch.setattr(backward_sm90, "MIN_SEQLEN_CAUSAL", 0)
+    (MIN_SEQLEN keeps it from short sequences in use; the kernel itself works at any length), and
+    launch plans stand aside while configs are overridden, so every call reaches the spy."""
     calls = []
     real = backward_sm90.attention_backward_sm90
 
@@ -41,7 +41,8 @@ def sm90_calls(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(backward_sm90, "attention_backward_sm90", spy)
-    return calls
+    with override_configs(sm90_min_seqlen=0):
+        yield calls
 
 
 def _qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dtype):
@@ -104,7 +105,7 @@ def test_gluon_backward_strided_inputs(d, sm90_calls):
 @pytest.mark.gpu
 def test_gluon_backward_is_not_taken_where_it_does_not_apply(sm90_calls):
     """deterministic=True, every other feature, head dim 96, fp32 and misaligned tensors run
-    the triton backward; use_sm90_backward(False) turns it off."""
+    the triton backward; so does the tma setting off (TMA is all the kernel loads with)."""
     torch.manual_seed(42)
     q, k, v, dout = _qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
     cos, sin = rotary_tables(200, 128, device="cuda")
@@ -117,7 +118,7 @@ def test_gluon_backward_is_not_taken_where_it_does_not_apply(sm90_calls):
     # A q whose base is off 16-byte alignment cannot be a TMA descriptor.
     q_mis = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape).requires_grad_()
     outputs_and_grads(genoflash.flash_attn_func, q_mis, k, v, dout)
-    with backward_sm90.use_sm90_backward(False):
+    with genoflash.settings(tma=False):
         outputs_and_grads(genoflash.flash_attn_func, q, k, v, dout)
     assert sm90_calls == []
     outputs_and_grads(genoflash.flash_attn_func, q, k, v, dout)

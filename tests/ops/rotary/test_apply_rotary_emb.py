@@ -10,10 +10,10 @@ import torch
 import genoflash
 from genoflash.layers import MultiHeadAttention
 from genoflash.ops.rotary import apply_rotary_emb, rotary_reference
-from genoflash.rotary import rotary_tables
+from genoflash.ops.rotary import rotary_tables
 
-from .attention_utils import EPS
-from .conftest import HAS_CUDA
+from tests.utils import EPS
+from tests.utils import HAS_CUDA
 
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_CUDA else [])
 

@@ -2,10 +2,10 @@
 
 ptxas may make every wgmma of a kernel wait for the one before (its note C7515), which costs
 the kernel its tensor-core pipelining: 8-22% of the causal and windowed backward until the
-dK/dV pass's masked loops became one (benchmarks/NOTES.md, eleventh session). The note depends
+dK/dV pass's masked loops became one (docs/design/attention-backward.md). The note depends
 on register allocation near the 255-register limit, so it comes and goes with small changes to
 a kernel; this compiles the feature combinations where it was seen, for sm_90 on this machine
-(no GPU: benchmarks/offline_compile.py, in a subprocess since it swaps Triton's driver), and
+(no GPU: tools/offline_compile.py, in a subprocess since it swaps Triton's driver), and
 fails if any kernel is marked WGMMA-SERIALIZED. A kernel that fails to compile fails it too.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _ptxas_available() -> bool:
@@ -33,10 +33,10 @@ pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled
 
 
 def _offline_compile(case: str) -> subprocess.CompletedProcess:
-    """benchmarks/offline_compile.py CASE in a subprocess (it swaps Triton's driver); it must succeed."""
+    """tools/offline_compile.py CASE in a subprocess (it swaps Triton's driver); it must succeed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "offline_compile.py"), *case.split()],
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "offline_compile.py"), *case.split()],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return out

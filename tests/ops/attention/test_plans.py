@@ -1,7 +1,7 @@
 """Launch plans (ops/attention/plans.py): a repeated kind of call replayed from a recording of its
 launches. On the CPU with stand-in kernels (the interpreter has no compiled kernels): what a replay
 passes each launcher, which calls get a plan and which keys refuse one. On the GPU, replays against
-the usual path bit for bit (tests/test_launch.py, test_fast_path_equals_the_usual_launch_on_gpu)."""
+the usual path bit for bit (test_launch.py, test_fast_path_equals_the_usual_launch_on_gpu)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from genoflash.ops.attention import configs, forward, launch as launcher, plans
+import genoflash
+from genoflash.ops.attention import backward, configs, forward, launch as launcher, plans
 from genoflash.ops.attention.args import AttentionArgs
 from genoflash.ops.attention.configs import TileConfig
 from genoflash.ops.attention.dropout import DropoutArgs
@@ -50,7 +51,7 @@ def gpu_like(monkeypatch):
     """Fast launch and plans on, with a stand-in driver (device 0, stream 7)."""
     fake = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0,
                                                               get_current_stream=lambda device: 7))
-    monkeypatch.setattr(launcher, "_fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(launcher, "_INTERPRETED", False)
     monkeypatch.setattr(launcher, "driver", fake)
     monkeypatch.setattr(plans, "driver", fake)
     monkeypatch.setattr(plans, "_plans", {})
@@ -111,7 +112,7 @@ def test_calls_that_cannot_be_replayed_take_the_usual_path(gpu_like):
 
     def marked(x):
         result = op(x)
-        plans.not_replayable()  # e.g. a torch op of its own after the launch
+        launcher.not_replayable()  # e.g. a torch op of its own after the launch
         return result
     for _ in range(3):
         x = torch.randn(2, 32, 4, 64, dtype=torch.float16)
@@ -129,14 +130,14 @@ def test_calls_that_cannot_be_replayed_take_the_usual_path(gpu_like):
     for _ in range(2):
         plans.planned(("twice",), (x, x), lambda: op(x))
     assert len(calls) == 2 and plans._plans[("twice",)] is None
-    # A launch without the fast path (GENOFLASH_FAST_LAUNCH=0): recorded as not replayable.
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(launcher, "_fast_launch_enabled", lambda: False)
-        calls.clear()
-        for _ in range(2):
-            x = torch.randn(2, 32, 4, 64, dtype=torch.float16)
-            plans.planned(("slow",), (x,), lambda: op(x))
-    assert len(calls) == 2 and plans._plans[("slow",)] is None
+    # A call with the fast_launch setting off: no recording, no plan, and no launch takes the
+    # cached kernel (the stand-in's first-launch path runs every time).
+    calls.clear()
+    for _ in range(2):
+        x = torch.randn(2, 32, 4, 64, dtype=torch.float16)
+        plans.planned(("slow",), (x,), lambda: op(x), fast=False)
+    assert len(calls) == 2 and ("slow",) not in plans._plans
+    assert launcher.fast_launch_allowed()  # on again after the call
     # No key: no recording, no plan.
     plans.planned(None, (x,), lambda: op(x))
     assert None not in plans._plans
@@ -146,31 +147,31 @@ def test_keys_refuse_what_a_plan_cannot_hold(gpu_like, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # CPU tensors stand in
     q, k, v = (torch.randn(2, 64, 4, 64, dtype=torch.float16) for _ in range(3))
     plain = AttentionArgs(0.125)
-    key = plans.forward_key(q, k, v, plain)
-    assert key is not None and key == plans.forward_key(*(torch.randn_like(t) for t in (q, k, v)), plain)
-    assert plans.forward_key(q, k, v, AttentionArgs(0.125, -1, 0)) != key  # causal is another kind
-    assert plans.forward_key(q[:, :63], k, v, plain) != key
+    key = forward.plan_key(q, k, v, plain)
+    assert key is not None and key == forward.plan_key(*(torch.randn_like(t) for t in (q, k, v)), plain)
+    assert forward.plan_key(q, k, v, AttentionArgs(0.125, -1, 0)) != key  # causal is another kind
+    assert forward.plan_key(q[:, :63], k, v, plain) != key
     for other in (AttentionArgs(0.125, alibi_slopes=torch.rand(4)), AttentionArgs(0.125, dropout=DropoutArgs(0.1, 1, 0)),
-                  AttentionArgs(0.125, rotary_cos=torch.rand(64, 8), rotary_sin=torch.rand(64, 8))):
-        assert plans.forward_key(q, k, v, other) is None
+                  AttentionArgs(0.125, rotary_cos=torch.rand(64, 8), rotary_sin=torch.rand(64, 8)),
+                  AttentionArgs(0.125, settings=genoflash.Settings(fast_launch=False))):
+        assert forward.plan_key(q, k, v, other) is None
+    # The settings are part of the key: the tma setting changes what the launch code does.
+    assert forward.plan_key(q, k, v, AttentionArgs(0.125, settings=genoflash.Settings(tma=False))) not in (None, key)
     # Long unmasked keys: the key-chunk split is decided from the free memory at the time.
     long_k = torch.randn(1, configs.FORWARD_KEY_CHUNK + 1, 1, 8, dtype=torch.float16)
-    assert plans.forward_key(q[:1, :, :1, :8], long_k, long_k, plain) is None
-    assert plans.forward_key(q[:1, :, :1, :8], long_k, long_k, AttentionArgs(0.125, -1, 0)) is not None
-    # A test that replaces a function of the launch code, config overrides, plans switched off.
-    with monkeypatch.context() as m:
-        m.setattr(forward, "launch", lambda *a, **kw: None)
-        assert plans.forward_key(q, k, v, plain) is None
+    assert forward.plan_key(q[:1, :, :1, :8], long_k, long_k, plain) is None
+    assert forward.plan_key(q[:1, :, :1, :8], long_k, long_k, AttentionArgs(0.125, -1, 0)) is not None
+    # The backward's key holds deterministic (which picks the kernels) beside what the forward's holds.
+    monkeypatch.setitem(configs._total_memory, None, 141 * 2**30)  # the stand-in device's memory
+    out, lse, dout = torch.randn_like(q), torch.randn(2, 4, 64), torch.randn_like(q)
+    bkey = backward.plan_key(dout, q, k, v, out, lse, plain)
+    assert bkey is not None and bkey != backward.plan_key(dout, q, k, v, out, lse, AttentionArgs(0.125, deterministic=False))
+    # While configs are overridden (tests, tools) no plan is made or used, whatever the key.
+    calls = []
     with configs.override_configs(TileConfig(64, 32)):
-        assert plans.forward_key(q, k, v, plain) is None
-    with plans.use_plans(False):
-        assert plans.forward_key(q, k, v, plain) is None
-    # A switch the launch code reads is part of the key.
-    with monkeypatch.context() as m:
-        from genoflash.ops.attention import backward_sm90
-        m.setattr(backward_sm90, "MIN_SEQLEN", 0)
-        assert plans.forward_key(q, k, v, plain) not in (None, key)
-    assert plans.forward_key(q, k, v, plain) == key
+        for _ in range(2):
+            plans.planned(("overridden",), (q,), lambda: calls.append(1) or (torch.empty(1),))
+    assert len(calls) == 2 and ("overridden",) not in plans._plans
 
 
 def test_raw_launch_passes_what_triton_s_wrapper_would(monkeypatch):

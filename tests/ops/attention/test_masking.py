@@ -13,8 +13,8 @@ from genoflash.ops.attention.configs import BackwardConfig, TileConfig, override
 from genoflash.ops.attention.dropout import DropoutArgs
 from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
 
-from .attention_utils import LIGHT_PASSES, assert_within_rule, outputs_and_grads, reference_pair
-from .conftest import HAS_CUDA
+from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
+from tests.utils import HAS_CUDA
 
 BACKENDS = ["triton", "torch"]
 DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
@@ -197,25 +197,22 @@ def test_channel_blocks_split_only_where_they_save_padding():
         assert value_blocks(40) == (32, 16) and value_blocks(128) == (128, 0)
 
 
-SPLIT_PATHS = ["tma", "pointers", "varlen", "key-chunks", "one-pass", "gqa-window-alibi-softcap", "rope-neox",
+SPLIT_PATHS = ["tma", "pointers", "varlen", "key-chunks", "gqa-window-alibi-softcap", "rope-neox",
                "rope-interleaved"]
 
 
 @pytest.mark.parametrize("path", SPLIT_PATHS)
 def test_channels_split_in_two_groups(path, device, monkeypatch):
-    """Q/K's pass-through channels (rotary.py's p and t) and V, O, dO and dV, each held as two
+    """Q/K's pass-through channels (channel_groups.py's p and t) and V, O, dO and dV, each held as two
     channel groups (configs.channel_blocks; forced here at widths the interpreter runs quickly:
     40 = 32 + a 16-wide tail of 8 channels), through every load and store path of the three
     kernels, RoPE's included. The launches are watched, so a silent one-group run would fail."""
-    from genoflash.ops.attention import backward, descriptors, forward
-
-    from .test_rotary import check as check_rope
+    from genoflash.ops.attention import backward, forward
+    from tests.ops.attention.test_fused_rope import check as check_rope
 
     seen = []
     for module in (forward, backward):
         def spy(kernel, grid, cfg, *args, _real=module.launch, **constexprs):
-            if kernel.fn.__name__ in LIGHT_PASSES:
-                return _real(kernel, grid, cfg, *args, **constexprs)
             seen.append((kernel.fn.__name__, constexprs["BLOCK_P"], constexprs["BLOCK_T"], constexprs["BLOCK_DV"],
                          constexprs["BLOCK_DVT"]))
             return _real(kernel, grid, cfg, *args, **constexprs)
@@ -225,14 +222,11 @@ def test_channels_split_in_two_groups(path, device, monkeypatch):
     overrides = dict(split_channels=True)
     if path == "key-chunks":
         overrides["key_chunk"] = 64
-    if path == "one-pass":
-        overrides["one_pass"] = True
-        features["deterministic"] = False
     if path == "rope-neox":  # K's halves, pass-through groups and tables by TMA, in the dQ pass too
         overrides["dq_rope_by_tma"] = True
     if path == "gqa-window-alibi-softcap":
         features.update(window_size=(30, 5), softcap=5.0, alibi_slopes=torch.rand(4, device=device) * 0.3)
-    with override_configs(**overrides), descriptors.use_tma(path != "pointers"):
+    with override_configs(**overrides), genoflash.settings(tma=path != "pointers"):
         if path == "varlen":
             check_varlen("triton", device, [1, 17, 130, 5], [9, 17, 100, 2], 2, 1, 40, 40, **features)
         elif path.startswith("rope"):  # 56 channels: 16 rotate, the 40 others pass through as 32 + 16
@@ -241,8 +235,7 @@ def test_channels_split_in_two_groups(path, device, monkeypatch):
             check_fixed("triton", device, 2, 129, 150, 4, 4 if path != "gqa-window-alibi-softcap" else 2, 40, 40,
                         **features)
     names = {name for name, *_ in seen}
-    assert {"_attn_fwd_kernel", "_attn_bwd_dkdv_kernel"} <= names
-    assert ("_attn_bwd_dq_kernel" in names) == (path != "one-pass")
+    assert names == {"_attn_fwd_kernel", "_attn_bwd_dq_kernel", "_attn_bwd_dkdv_kernel"}
     assert all(tuple(blocks) == (32, 16, 32, 16) for _, *blocks in seen), seen
 
 
@@ -274,7 +267,7 @@ def test_everything_together(backend, device):
 
 def test_uneven_tilings_with_window(device):
     """Window bounds with BLOCK_M != BLOCK_N, lengths mid-tile, in all three kernels."""
-    with override_configs(TileConfig(16, 32), BackwardConfig(TileConfig(32, 16), TileConfig(16, 32), 16)):
+    with override_configs(TileConfig(16, 32), BackwardConfig(TileConfig(32, 16), TileConfig(16, 32))):
         torch.manual_seed(18)
         check_fixed("triton", device, 1, 75, 61, 2, 2, 16, 16, dtype=torch.float32, window_size=(13, 6))
         check_fixed("triton", device, 1, 61, 75, 2, 2, 16, 16, dtype=torch.float32, window_size=(2, 20))
@@ -297,8 +290,7 @@ def test_dkdv_pass_masking_every_tile(seqlen_q, seqlen_k, features, device, monk
     seen = []
     real_launch = backward.launch
     def spy(kernel, *args, **kw):
-        if kernel.fn.__name__ not in LIGHT_PASSES:
-            seen.append(kw.get("MASK_EDGES_ONLY"))
+        seen.append(kw.get("MASK_EDGES_ONLY"))
         return real_launch(kernel, *args, **kw)
 
     monkeypatch.setattr(backward, "launch", spy)
@@ -308,7 +300,7 @@ def test_dkdv_pass_masking_every_tile(seqlen_q, seqlen_k, features, device, monk
     dout = torch.randn(2, seqlen_q, 2, 24, device=device)
     runs = {}
     for every_tile in (False, True):
-        bwd = BackwardConfig(TileConfig(16, 32), TileConfig(32, 16), 16, dkdv_mask_every_tile=every_tile)
+        bwd = BackwardConfig(TileConfig(16, 32), TileConfig(32, 16), dkdv_mask_every_tile=every_tile)
         with genoflash.use_backend("triton"), override_configs(TileConfig(32, 16), bwd):
             runs[every_tile] = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features),
                                                  q, k, v, dout)

@@ -172,28 +172,6 @@ def _qk_grad_update(ga, gb, gp, gt, ds, ya, yb, yp, yt, HEAD_DIM: tl.constexpr, 
 
 
 @triton.jit
-def _qk_grad_of_transposed(dsT, ya, yb, yp, yt, BLOCK_ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
-                           BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           ROTARY_DIM: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """g = dsT^T @ y, group by group, computed as (y^T @ dsT)^T. The same sum as
-    _qk_grad_update from zero, for a dsT with few columns (BLOCK_ROWS < 64): the tensor cores'
-    wgmma needs 64 rows per warpgroup, so dsT^T @ y would fall back to mma.sync, while y^T @ dsT
-    has the head dim's channels as rows."""
-    ga = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
-    gb = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
-    gp = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=tl.float32)
-    gt = tl.zeros([1, 1], dtype=tl.float32)  # placeholder without a t
-    if ROTARY_DIM > 0:
-        ga = tl.trans(tl.dot(tl.trans(ya), dsT, input_precision=INPUT_PRECISION))
-        gb = tl.trans(tl.dot(tl.trans(yb), dsT, input_precision=INPUT_PRECISION))
-    if ROTARY_DIM < HEAD_DIM:
-        gp = tl.trans(tl.dot(tl.trans(yp), dsT, input_precision=INPUT_PRECISION))
-    if BLOCK_T > 0:
-        gt = tl.trans(tl.dot(tl.trans(yt), dsT, input_precision=INPUT_PRECISION))
-    return ga, gb, gp, gt
-
-
-@triton.jit
 def _store_qk_grad(base, ga, gb, gp, gt, positions, offs_row, n_rows, stride_row, COS, SIN, stride_rot,
                    HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
                    BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, INTERLEAVED: tl.constexpr):
@@ -216,62 +194,3 @@ def _store_qk_grad(base, ga, gb, gp, gt, positions, offs_row, n_rows, stride_row
         ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, True)
         tl.store(ptrs_a, (ga * cos + gb * sin).to(base.dtype.element_ty), mask=mask)
         tl.store(ptrs_b, (gb * cos - ga * sin).to(base.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _atomic_add_qk_grad(base, ga, gb, gp, gt, offs_row, n_rows, stride_row, HEAD_DIM: tl.constexpr,
-                        ROTARY_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                        BLOCK_T: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Add a gradient held as groups (float32, rotated frame) into a float32 accumulator laid
-    out like q, rows past n_rows and padded channels skipped. The accumulator stays in the
-    rotated frame; _load_qk_grad_groups + _store_qk_grad unrotate it once at the end.
-    Relaxed atomics: only the sum matters, not the order (which is why it is not deterministic)."""
-    if ROTARY_DIM < HEAD_DIM:
-        offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
-        ptrs = base + offs_row[:, None] * stride_row + offs_p[None, :]
-        mask = (offs_row[:, None] < n_rows) & (offs_p[None, :] < HEAD_DIM)
-        tl.atomic_add(ptrs, gp, mask=mask, sem="relaxed")
-    if BLOCK_T > 0:
-        offs_t = ROTARY_DIM + BLOCK_P + tl.arange(0, BLOCK_T)
-        ptrs = base + offs_row[:, None] * stride_row + offs_t[None, :]
-        mask = (offs_row[:, None] < n_rows) & (offs_t[None, :] < HEAD_DIM)
-        tl.atomic_add(ptrs, gt, mask=mask, sem="relaxed")
-    if ROTARY_DIM > 0:
-        offs_r = tl.arange(0, BLOCK_R)
-        first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
-        ptrs_a, mask = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, first, offs_r, ROTARY_DIM, True)
-        ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, True)
-        tl.atomic_add(ptrs_a, ga, mask=mask, sem="relaxed")
-        tl.atomic_add(ptrs_b, gb, mask=mask, sem="relaxed")
-
-
-@triton.jit
-def _load_qk_grad_groups(base, offs_row, n_rows, stride_row, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
-                         INTERLEAVED: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-    """Read a float32 gradient accumulator laid out like q back as its (a, b, p, t) groups,
-    unrotated as stored (the inverse of _atomic_add_qk_grad's placement); groups that do not exist
-    are 0 (t: a placeholder)."""
-    # One past group p's last channel: where t starts when there is a t (p is then whole).
-    P_END: tl.constexpr = ROTARY_DIM + BLOCK_P if BLOCK_T > 0 else HEAD_DIM
-    offs_p = ROTARY_DIM + tl.arange(0, BLOCK_P)
-    if ROTARY_DIM < HEAD_DIM:
-        p = _load_tile(base, offs_row, n_rows, stride_row, offs_p, P_END,
-                       ROTARY_DIM + BLOCK_P, True)
-    else:
-        p = tl.zeros([BLOCK_ROWS, BLOCK_P], dtype=tl.float32)
-    t = p
-    if BLOCK_T > 0:
-        offs_t = ROTARY_DIM + BLOCK_P + tl.arange(0, BLOCK_T)
-        t = _load_tile(base, offs_row, n_rows, stride_row, offs_t, HEAD_DIM, ROTARY_DIM + BLOCK_P + BLOCK_T, True)
-    if ROTARY_DIM > 0:
-        offs_r = tl.arange(0, BLOCK_R)
-        first, second = _pair_columns(offs_r, ROTARY_DIM, INTERLEAVED)
-        ptrs_a, mask = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, first, offs_r, ROTARY_DIM, True)
-        ptrs_b, _ = _pair_ptrs_mask(base, offs_row, n_rows, stride_row, second, offs_r, ROTARY_DIM, True)
-        a = tl.load(ptrs_a, mask=mask, other=0.0)
-        b = tl.load(ptrs_b, mask=mask, other=0.0)
-    else:
-        a = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
-        b = tl.zeros([BLOCK_ROWS, BLOCK_R], dtype=tl.float32)
-    return a, b, p, t

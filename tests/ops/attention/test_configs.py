@@ -10,7 +10,7 @@ import torch
 from genoflash.ops.attention import backward as backward_mod, configs, forward as forward_mod
 from genoflash.ops.attention.configs import TileConfig
 
-from .attention_utils import random_qkv
+from tests.utils import random_qkv
 
 SHORT_FWD = TileConfig(64, 64, 4, 3)
 

@@ -11,10 +11,10 @@ import torch
 import genoflash
 from genoflash.layers import MultiHeadAttention
 from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
-from genoflash.rotary import apply_rotary, rotary_tables
+from genoflash.ops.rotary import rotary_tables, rotate
 
-from .attention_utils import LIGHT_PASSES, assert_within_rule, outputs_and_grads, reference_pair
-from .conftest import HAS_CUDA
+from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
+from tests.utils import HAS_CUDA
 
 BACKENDS = ["triton", "torch"]
 DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.usefixtures("poison_allocations")
 def rope_then_attention(cos, sin, interleaved, **features):
     """Standard attention on explicitly rotated q and k: what the fused kernels must equal."""
     def fn(q, k, v):
-        qr = apply_rotary(q, cos, sin, interleaved, k.shape[1] - q.shape[1])
-        kr = apply_rotary(k, cos, sin, interleaved, 0)
+        qr = rotate(q, cos, sin, interleaved, k.shape[1] - q.shape[1])
+        kr = rotate(k, cos, sin, interleaved, 0)
         return attention_reference(qr, kr, v, **features)[0]
     return fn
 
@@ -138,7 +138,7 @@ def test_rotary_varlen_with_seqlen_q_below_seqlen_k(backend, device):
 
 def per_sequence_rotated(x, cu_s, cos, sin):
     bounds = cu_s.tolist()
-    return torch.cat([apply_rotary(x[None, s:e], cos, sin)[0] for s, e in zip(bounds, bounds[1:])])
+    return torch.cat([rotate(x[None, s:e], cos, sin)[0] for s, e in zip(bounds, bounds[1:])])
 
 
 # ---------------------------------------------------------------- tables
@@ -211,7 +211,7 @@ def test_k_and_tables_go_by_tma_where_they_allow_it(d, rotary_dim, table_dtype, 
                                                      monkeypatch, device):
     """With RoPE the forward, and the backward's dQ pass where the tile config asks for it
     (BackwardConfig.dq_rope_by_tma, forced here both ways), take K's NeoX halves, its
-    pass-through channels and both tables through TMA descriptors (rotary._load_qk_tma); the
+    pass-through channels and both tables through TMA descriptors (channel_groups._load_qk_tma); the
     dK/dV pass keeps pointer loads for its rotated Q. Causal with seqlen_q != seqlen_k, GQA and
     lengths off the tiles, so boxes run past the ends; checked forward and all gradients."""
     from genoflash.ops.attention import backward, forward
@@ -220,8 +220,7 @@ def test_k_and_tables_go_by_tma_where_they_allow_it(d, rotary_dim, table_dtype, 
     seen = []
     for module in (forward, backward):
         def spy(kernel, *a, _real=module.launch, **kw):
-            if kernel.fn.__name__ not in LIGHT_PASSES:
-                seen.append((kernel.fn.__name__, kw["TMA"]))
+            seen.append((kernel.fn.__name__, kw["TMA"]))
             return _real(kernel, *a, **kw)
         monkeypatch.setattr(module, "launch", spy)
     torch.manual_seed(d + rotary_dim)

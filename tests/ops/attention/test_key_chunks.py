@@ -12,9 +12,9 @@ import torch
 import genoflash
 from genoflash.ops.attention import forward
 from genoflash.ops.attention.configs import override_configs
-from genoflash.rotary import rotary_tables
+from genoflash.ops.rotary import rotary_tables
 
-from .conftest import HAS_CUDA
+from tests.utils import HAS_CUDA
 
 DTYPE = torch.bfloat16 if HAS_CUDA else torch.float16
 
