@@ -14,7 +14,7 @@ O(N) memory.
 Layout. The operator takes and returns (batch, seqlen, d_model) like the rest of genoflash, but
 works inside on (batch, channels, seqlen): the FFTs and the short convolution run along seqlen,
 so that layout makes every row they read contiguous. The input projection writes its output in
-that layout and the output projection reads it there (`genoflash.ops.hyena.projection`:
+that layout and the output projection reads it there (`genoflash.ops.common.projection`:
 matmuls that read the transposed operand in place), so no tensor is transposed by a copy,
 forward or backward; the filter MLP likewise emits each filter as a contiguous row.
 """
@@ -28,8 +28,8 @@ from torch import nn
 
 from ..ops.hyena import fftconv_channels_first
 from ..ops.hyena.implicit_filter import implicit_filter
-from ..ops.hyena.projection import autocast_operands, project_from_channels_first, project_to_channels_first
-from ..ops.hyena.short_conv import depthwise_conv1d
+from ..ops.common.projection import autocast_operands, project_from_channels_first, project_to_channels_first
+from ..ops.common.short_conv import depthwise_conv1d
 
 
 class Sine(nn.Module):
@@ -52,7 +52,7 @@ class ShortConv(nn.Module):
 
     Causal pads on the left only, so output t sees inputs t - kernel_size + 1 .. t; otherwise
     the window is centred (one extra position on the right for even kernels). On the triton
-    backend the padding is a load mask in `genoflash.ops.hyena.short_conv` (no padded copy, a
+    backend the padding is a load mask in `genoflash.ops.common.short_conv` (no padded copy, a
     contiguous output); elsewhere nn.Conv1d runs on a padded copy."""
 
     def __init__(self, channels: int, kernel_size: int, causal: bool):
@@ -96,8 +96,8 @@ class HyenaFilter(nn.Module):
             the prefix/centre property above still holds. Off by default, as in HyenaDNA: with
             it on (or with the square root of the sum as divisor), a 2-layer Hyena classifier
             stayed at chance on the demo's long-range task (224 bp, 300 steps, seed 0), which
-            the unnormalised filters learned (0.996; 3 of 8 seed and learning-rate runs did,
-            benchmarks/results/cpu-2core-2026-11-30-quality-224bp-seeds.json). The block's
+            the unnormalised filters learned (0.996; 3 of 8 seed and learning-rate runs did;
+            docs/design/mixer-comparison.md). The block's
             pre-norm absorbs the growth; the option is for callers who need bounded outputs.
     """
 

@@ -101,7 +101,7 @@ def _channel_groups(channels: int, chunk: int):
 
 class StagedRows:
     """One (slots, chunk, n) buffer in the compute dtype for the operands a pass transforms. At
-    short lengths, where the layer is bound by host time per op (benchmarks/NOTES.md), each
+    short lengths, where the layer is bound by host time per op (docs/design/hyena.md), each
     operand has its own slots and one batched rfft per group transforms them all; at long ones
     `spectrum` transforms slot by slot, and the backward lets operands take turns in the slots.
 
@@ -139,7 +139,7 @@ class StagedRows:
         if self.how.fused:
             # Large groups (where the staging kernels run): one rfft per slot, into one spectrum.
             # cuFFT's work area grows with the batch of one call (the suspected part of +0.27 GiB
-            # at 64k with three slots in one call, NOTES, thirteenth session); the extra calls cost
+            # at 64k with three slots in one call); the extra calls cost
             # nothing that matters at these sizes, where the GPU, not the host, bounds the layer.
             spectrum = torch.empty(*rows.shape[:-1], self.buf.shape[-1] // 2 + 1, dtype=rows.dtype.to_complex(),
                                    device=rows.device)

@@ -9,7 +9,7 @@ contiguous rows, the layout the FFT convolution reads.
 
 Why a Function: the same math through autograd is ~200 small ops per forward+backward (slices of
 the last layer per order and their zero-filled slice gradients, a Mul and a Sin node per hidden
-layer, ...). At 16k tokens the Hyena layer is bound by host time, not by its kernels (NOTES.md),
+layer, ...). At 16k tokens the Hyena layer is bound by host time, not by its kernels (docs/design/hyena.md),
 and this filter is the largest block of those ops. Here the backward is written out: one
 gradient buffer per parameter, each written once.
 
@@ -94,7 +94,7 @@ class ImplicitFilterFunction(torch.autograd.Function):
             dgc = torch.cos(args[k]).mul_(dg)
             # Not as a batched dot (bmm of (width, 1, taps) by (width, taps, 1)): one op fewer, but
             # cuBLAS took 56 us for it at 64 x 64k where these two take 19, and 779 against 150 at
-            # 1M (H200, results/h200-2026-11-30-bmm-dot-probe-63500c4.txt).
+            # 1M (H200; docs/design/hyena.md).
             dfreq = (dgc * pre[k]).sum(1)
             da = dgc.mul_(freq[:, None]).to(ct)
             dweight = da @ inputs[k].mT

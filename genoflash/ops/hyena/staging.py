@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..host import cdiv
+from ..common.host import cdiv
 
 
 # Below this many elements in one group's FFT buffer, torch ops stage the rows: a Triton launch

@@ -1,4 +1,4 @@
-"""Linear maps across the layout boundary of the Hyena layer, with no transpose kernel.
+"""Linear maps across the layout boundary of the Hyena and Mamba layers, with no transpose kernel.
 
 genoflash's activations are (batch, seqlen, channels); Hyena's FFTs and short convolution want
 (batch, channels, seqlen). These two autograd Functions are nn.Linear's matmuls written so that
@@ -13,7 +13,7 @@ operand, so a transposed view costs nothing):
 Plain autograd through `W @ u.mT` would hand u its gradient as a transposed view, and every op
 upstream would then run on mixed layouts; here each gradient is written contiguous in its
 input's own layout. The first takes no bias: the Hyena layer adds it inside the short
-convolution that follows (genoflash.ops.hyena.short_conv), so it costs no pass of its own.
+convolution that follows (short_conv.py), so it costs no pass of its own.
 Operands must share one dtype (`autocast_operands` casts them as autocast casts F.linear's).
 """
 

@@ -1,4 +1,5 @@
-"""Hyena's short depthwise convolution over (batch, channels, seqlen), in Triton.
+"""The short depthwise convolution over (batch, channels, seqlen), in Triton: Hyena's short filter
+and Mamba's causal conv1d.
 
 Per channel c, with K taps and `left` positions of zero padding before the sequence:
 
@@ -23,8 +24,8 @@ up (no atomics, so the result is deterministic). Without the activation g is dy.
 g = dy silu'(y) is one pass of its own first (the forward's loop, recomputing y), written in
 dy's dtype as autograd's silu backward writes it: dx needs g at K shifted positions, and
 recomputing y at each of them inside the backward (K^2 loads of x and K sigmoids per position)
-took 6.4 ms at 1M x 512 on an H200, four times what its bytes need (benchmarks/NOTES.md,
-twenty-sixth session). The cost is one (batch, channels, seqlen) buffer during the backward.
+took 6.4 ms at 1M x 512 on an H200, four times what its bytes need (docs/design/hyena.md). The
+cost is one (batch, channels, seqlen) buffer during the backward.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ...backends import select_backend, triton_interpreted
-from ..host import cdiv
+from .host import cdiv
 from .projection import autocast_operands
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

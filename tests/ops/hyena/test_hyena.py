@@ -18,10 +18,10 @@ from genoflash.layers.hyena import HyenaFilter, HyenaOperator
 from genoflash.ops.hyena import fftconv, fftconv_channels_first, long_conv_reference
 from genoflash.ops.hyena import staging
 from genoflash.ops.hyena.fftconv import fft_size
-from genoflash.ops.hyena.projection import project_from_channels_first, project_to_channels_first
-from genoflash.ops.hyena.short_conv import depthwise_conv1d, short_conv, short_conv_reference
+from genoflash.ops.common.projection import project_from_channels_first, project_to_channels_first
+from genoflash.ops.common.short_conv import depthwise_conv1d, short_conv, short_conv_reference
 
-from .conftest import HAS_CUDA
+from tests.utils import HAS_CUDA
 
 FP32_TOL = 2e-6  # measured up to 3e-7 at seqlen 1000
 BACKENDS = ["torch", "triton"]  # on a CPU, triton runs the staging kernels under the interpreter
