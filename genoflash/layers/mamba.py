@@ -8,7 +8,7 @@ The Mamba-1 block:
     y = selective_scan(x, dt, A = -exp(A_log), B, C, D, z, dt_bias, softplus)
     out = out_proj(y)
 The scan is `genoflash.ops.mamba.selective_scan_fn` (Triton); the conv and SiLU are one Triton
-pass (`genoflash.ops.hyena.short_conv`, shared with the Hyena operator), as is the causal-conv1d
+pass (`genoflash.ops.common.short_conv`, shared with the Hyena operator), as is the causal-conv1d
 package's for mamba-ssm.
 """
 
@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.hyena.projection import (autocast_operands, project_from_channels_first, project_to_channels_first,
+from ..ops.common.projection import (autocast_operands, project_from_channels_first, project_to_channels_first,
                                     project_within_channels_first)
-from ..ops.hyena.short_conv import depthwise_conv1d
-from ..ops.mamba import scan_channels_first, selective_scan_fn
+from ..ops.common.short_conv import depthwise_conv1d
+from ..ops.mamba import selective_scan_fn
 
 
 class Mamba(nn.Module):
@@ -70,15 +70,13 @@ class Mamba(nn.Module):
             raise ValueError(f"expected input (batch, seqlen, {self.d_model}), got shape {tuple(u.shape)}")
         A = -torch.exp(self.A_log.float())
         scan_args = dict(D=self.D.float(), delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
-        if not scan_channels_first.ENABLED:
-            return self._forward_channels_last(u, A, scan_args)
         # (batch, channels, seqlen) activations from in_proj to out_proj, as mamba-ssm keeps them:
-        # the scan's state-loop kernels need time contiguous (ops/mamba/scan_channels_first.py),
+        # the scan's state-loop backward needs time contiguous (ops/mamba/backward_channels_first.py),
         # and so does the causal conv. The projections read and write across the layout boundary
-        # in the matmuls themselves (ops/hyena/projection.py: no transpose kernel), and every
+        # in the matmuls themselves (ops/common/projection.py: no transpose kernel), and every
         # gradient comes back in its tensor's own layout. At a million tokens the same layer on
         # torch.matmul of transposed views and nn.Conv1d spent 43 of its 151 ms in strided copies
-        # (benchmarks/NOTES.md, twenty-fifth session).
+        # (docs/design/mamba-scan.md).
         xz = project_to_channels_first(*autocast_operands(u, self.in_proj.weight))
         if self.in_proj.bias is not None:
             xz = xz + self.in_proj.bias.to(xz.dtype)[:, None]
@@ -97,8 +95,12 @@ class Mamba(nn.Module):
         return project_from_channels_first(*autocast_operands(y.transpose(1, 2), self.out_proj.weight,
                                                               self.out_proj.bias))
 
-    def _forward_channels_last(self, u: torch.Tensor, A: torch.Tensor, scan_args: dict) -> torch.Tensor:
-        """The same block on (batch, seqlen, dim) activations, for scan.py's 3-D tile kernels."""
+    def forward_reference(self, u: torch.Tensor) -> torch.Tensor:
+        """The same block written with the plain modules on (batch, seqlen, dim) activations
+        (nn.Linear, nn.Conv1d, F.silu), as mamba-ssm's reference path reads: what `forward`
+        computes, for tests and readers."""
+        A = -torch.exp(self.A_log.float())
+        scan_args = dict(D=self.D.float(), delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
         seqlen = u.shape[1]
         x, z = self.in_proj(u).chunk(2, dim=-1)
         # Padding d_conv - 1 on both sides and keeping the first seqlen outputs: causal.

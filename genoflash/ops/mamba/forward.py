@@ -1,11 +1,12 @@
 """The selective scan's forward as sequential recurrences: one thread per channel, its states in
 registers, stepping through time.
 
-scan.py and scan_channels_first.py scan 32-step chunks across the lanes of a warp with
-`tl.associative_scan`: per state and step that is the decay, the scan's compose-and-shuffle
-tree (twice, once per pass) and, around it, chunk states of (chunk, channel, state) in HBM (1 GiB
-each at a million tokens and 512 channels). Their forward issued 28 sm_90 instructions per state
-and step (benchmarks/NOTES.md). What the recurrence itself needs is five:
+The chunked forward this replaced scanned 32-step chunks across the lanes of a warp with
+`tl.associative_scan` (as the backwards, backward.py and backward_channels_first.py, still do):
+per state and step that is the decay, the scan's compose-and-shuffle tree (twice, once per pass)
+and, around it, chunk states of (chunk, channel, state) in HBM (1 GiB each at a million tokens and
+512 channels). It issued 28 sm_90 instructions per state and step. What the recurrence itself
+needs is five:
 
     decay = 2^(dt A log2(e))          FMUL, MUFU.EX2
     h     = decay h + (dt u) B         FMUL, FFMA
@@ -21,25 +22,24 @@ as broadcast loads of 4 states (`_state_row`). The per-(time, channel) work (sof
 skip and the gate) is done once on the tiles, not once per state.
 
 Segments depend on each other only through their states, so the forward runs in three passes,
-as scan.py's does over chunks, but over segments of thousands of steps (a few per SM's worth
-of threads):
+over segments of thousands of steps (a few per SM's worth of threads):
   1. each segment from a zero state: its final state S_k and decay P_k = 2^(A log2(e) sum dt);
-  2. scan.py's carry walk over the segments: the state H_k entering each;
+  2. the carry walk over the segments (chunk_states.py): the state H_k entering each;
   3. each segment from H_k: out = (y + u D) silu(z) in out's dtype, and, when a backward will
      run, the state entering every CHUNK-step chunk and the chunk's decay, which the backward
-     kernels (scan.py, scan_channels_first.py) take as their chunk states.
+     kernels (backward.py, backward_channels_first.py) take as their chunk states.
 Pass 1's decays are computed again in pass 3: two MUFU.EX2 per state and step (16 per clock and
 SM: 4.1 ms at a million tokens, 512 channels, 16 states on the H200, whose inputs and output
 take 1.0 ms to move at 4.2 TB/s). Issue is about the same bound: the hot loops take 6.1 (pass 1)
 and 9.6 (pass 3) sm_90 instructions per state and step, ~4.1 ms at that size if every scheduler
 issued every cycle.
 
-What the H200 measured (benchmarks/NOTES.md, twenty-second session): at first 17 ms at that
-size, no faster than the chunked forward, with ncu putting 78% of pass 3's stall samples on
-loads (B and C per step, u, delta and z per tile). Hence the loads ahead of their use below:
-the tiles one loop iteration early, B's and C's rows ROWS_AHEAD steps early from a zero-padded
-float32 copy (PAD_ROWS), and the next tile's rows requested into L1 (PREFETCH_ROWS); then
-9.4 ms (16.2 for the chunked forward in the same process).
+What the H200 measured (docs/design/mamba-scan.md): at first 17 ms at that size, no faster than
+the chunked forward, with ncu putting 78% of pass 3's stall samples on loads (B and C per step,
+u, delta and z per tile). Hence the loads ahead of their use below: the tiles one loop iteration
+early, B's and C's rows ROWS_AHEAD steps early from a zero-padded float32 copy, and the next
+tile's rows requested into L1 (_prefetch_rows); then 9.4 ms (16.2 for the chunked forward in the
+same process).
 
 Steps past the sequence end get dt = 0 and u = 0: decay 1, nothing added, the state unchanged.
 """
@@ -47,62 +47,28 @@ Steps past the sequence end get dt = 0 and u = 0: decay 1, nothing added, the st
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-from ..host import cdiv, next_power_of_2, switched
-from .scan import _blocks, _carry_walk, _flags, _sigmoid, _softplus, _strides3
-
-# False: the interface runs the chunked forward kernels of scan.py / scan_channels_first.py (kept
-# for comparison: `genoflash.bench.mixers.scan_bandwidth` times both in one process).
-ENABLED = True
+from ..common.host import cdiv, next_power_of_2
+from .chunk_states import carry_walk
+from .recurrence import _decay, _sigmoid, _softplus, chunk_blocks, kernel_flags, strides3
 
 LOG2E = tl.constexpr(1.4426950408889634)
 T = 8  # steps per tile: 16 bytes of a 16-bit input per thread when time is contiguous
-# Chunks per segment; None: chosen by `config` from the launch's size. Tests set it to run
-# several chunks (and their saved states) inside one segment on small inputs.
-CHUNKS_PER_SEGMENT: int | None = None
-# Programs per SM the sequence is cut into (with `config`'s 4 warps); a probe's knob
-# (benchmarks/scan_forward_probe.py sweeps it).
+# Programs per SM the sequence is cut into (with `config`'s 4 warps): two even waves of 4-warp
+# programs at ~130 registers.
 PROGRAMS_PER_SM = 8
-# Steps ahead of their use at which B's and C's rows are loaded (_rows_ahead); 1 or more. 2
-# with OUT_MAXNREG 128 was the fastest of the settings timed (results/h200-2026-12-02-scan-
-# forward-variants-7bf96ce.json): 1M x 512 forward 9.40 ms, against 10.27 at 1 without the cap.
+# Steps ahead of their use at which B's and C's rows are loaded (_rows_ahead). 2 with OUT_MAXNREG
+# 128 was the fastest setting timed on the H200: 1M x 512 forward 9.40 ms, against 10.27 at 1
+# step without the cap (docs/design/mamba-scan.md).
 ROWS_AHEAD = 2
-# B and C go to the kernels as float32 rows of DSTATE states (zero past dstate), with zero rows
-# past the sequence for the ring (_rows_ahead) to read; False: B and C as they are (float32,
-# states adjacent), the ring clamped to the sequence (a probe's comparison).
-PAD_ROWS = True
-# Each tile asks L1 for the next tile's rows of B and C (_prefetch_rows; needs PAD_ROWS: the
-# rows past the last segment exist). Off in the interpreter (inline PTX).
-PREFETCH_ROWS = True
-# Tiles ahead of their load at which each thread asks L2 for its u, delta and z (_prefetch_tile);
-# 0: off. A probe's knob, not yet timed.
-TILES_AHEAD = 0
-# A register cap for pass 3 (ptxas's .maxnreg; None: ptxas's choice): uncapped it takes ~140
-# registers and 3 of its 4-warp programs fit an SM; at 128 four do, with 24 spilled registers
-# outside the hot loop (offline sm_90, ROWS_AHEAD 2) and 4-9% less time (the probe above).
-OUT_MAXNREG: int | None = 128
-
-
-def use_sequential_forward(enabled: bool):
-    """Allow (True, the default) or forbid this forward in a block (process-wide)."""
-    return switched(sys.modules[__name__], "ENABLED", enabled)
-
-
-@triton.jit
-def _decay(dt, a_log2, FAST_EXP: tl.constexpr):
-    """exp(dt A) = 2^(dt A log2(e)), a_log2 = A log2(e). On the GPU as ex2.approx.ftz: without
-    ftz, ex2.approx guards subnormal results with three more instructions around the MUFU, and
-    a decay below 2^-126 is 0 to any float32 state."""
-    x = dt * a_log2
-    if FAST_EXP:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    return tl.math.exp2(x)
+# A register cap for pass 3 (ptxas's .maxnreg): uncapped it takes ~140 registers and 3 of its
+# 4-warp programs fit an SM; at 128 four do, with 24 spilled registers outside the hot loop
+# (offline sm_90) and 4-9% less time.
+OUT_MAXNREG = 128
 
 
 @triton.jit
@@ -130,24 +96,19 @@ def _tile_of_steps(s):
 
 
 @triton.jit
-def _state_row(X, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
-               PADDED: tl.constexpr):
-    """B[t] (or C[t]) as a tuple of DSTATE (BLOCK_D,) vectors, state n's value in every channel
-    (0 past n_valid where the states are PADDED to GROUP): GROUP states per broadcast load
-    (every lane of a warp reads the same bytes: one transaction), split into single states in
-    registers. X is float32 (the launcher converts B and C once: a 16-bit row costs one unpacking
-    instruction per state and step, in both passes). X must be a row in bounds: _rows_ahead
-    clamps steps past the sequence or pads the buffer (an unmasked load needs no zeroing
-    instructions)."""
+def _state_row(X, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr):
+    """B[t] (or C[t]) as a tuple of DSTATE (BLOCK_D,) vectors, state n's value in every channel:
+    GROUP states per broadcast load (every lane of a warp reads the same bytes: one transaction),
+    split into single states in registers. X is the launcher's float32 copy (_float_rows: a
+    16-bit row would cost one unpacking instruction per state and step, in both passes), zero
+    past dstate and past the sequence, so every row read is in bounds and an unmasked load needs
+    no zeroing instructions."""
     row = ()
     offs_g = tl.arange(0, GROUP)
     for g in tl.static_range(DSTATE // GROUP):
         n = g * GROUP + offs_g
         ptrs = X + (n * stride_xn)[None, :] + tl.zeros([BLOCK_D, 1], tl.int32)
-        if PADDED:
-            tile = tl.load(ptrs, mask=(n < n_valid)[None, :], other=0.0)
-        else:
-            tile = tl.load(ptrs)
+        tile = tl.load(ptrs)
         if GROUP == 1:
             row = row + (tl.reshape(tile, (BLOCK_D,)),)
         elif GROUP == 2:
@@ -161,22 +122,19 @@ def _state_row(X, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexp
 
 
 @triton.jit
-def _first_rows(X_SEG, t_start, t_end, stride_xl, n_valid, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr,
-                GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr, CLAMP: tl.constexpr):
-    """The rows of a segment's first AHEAD steps (B's or C's): _rows_ahead's ring at the start."""
+def _first_rows(X_SEG, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
+                AHEAD: tl.constexpr):
+    """The rows of a segment's first AHEAD steps (B's or C's): _rows_ahead's ring at the start.
+    Rows are DSTATE floats apart (_float_rows)."""
     ring = ()
     for k in tl.static_range(AHEAD):
-        row = k
-        if CLAMP:
-            row = tl.minimum(t_start + k, t_end - 1) - t_start
-        ring = ring + (_state_row(X_SEG + row * stride_xl, n_valid, stride_xn, BLOCK_D, DSTATE, GROUP, PADDED),)
+        ring = ring + (_state_row(X_SEG + k * DSTATE, stride_xn, BLOCK_D, DSTATE, GROUP),)
     return ring
 
 
 @triton.jit
-def _rows_ahead(ring, X_SEG, t, t_start, t_end, stride_xl, n_valid, stride_xn, BLOCK_D: tl.constexpr,
-                DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr, AHEAD: tl.constexpr,
-                CLAMP: tl.constexpr):
+def _rows_ahead(ring, X_SEG, t, t_start, stride_xn, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr,
+                GROUP: tl.constexpr, AHEAD: tl.constexpr):
     """Step t's row, loaded AHEAD steps ago, and the ring with step t + AHEAD's row issued now.
 
     B[t] and C[t] are read by every thread of the SM's programs in step t; without this the
@@ -184,17 +142,14 @@ def _rows_ahead(ring, X_SEG, t, t_start, t_end, stride_xl, n_valid, stride_xn, B
     forward's stall samples on FFMAs waiting for these rows). A load issued AHEAD steps early
     passes under AHEAD x dstate state-steps of the other work. Past the segment's end the ring
     reads rows nobody uses, and the state-steps past the sequence's end take dt = 0 (any finite
-    row leaves the states as they are): with CLAMP those steps read the segment's last row
-    again, without it the launcher's row buffer has zero rows past the sequence for them
-    (pad_rows: no bounds arithmetic per step, and constant row offsets)."""
+    row leaves the states as they are): the launcher's row buffer has zero rows past the sequence
+    for them (_float_rows: no bounds arithmetic per step, and constant row offsets)."""
     row = ring[0]
     rest = ()
     for k in tl.static_range(1, AHEAD):
         rest = rest + (ring[k],)
     ahead = t + AHEAD - t_start
-    if CLAMP:
-        ahead = tl.minimum(t + AHEAD, t_end - 1) - t_start
-    rest = rest + (_state_row(X_SEG + ahead * stride_xl, n_valid, stride_xn, BLOCK_D, DSTATE, GROUP, PADDED),)
+    rest = rest + (_state_row(X_SEG + ahead * DSTATE, stride_xn, BLOCK_D, DSTATE, GROUP),)
     return row, rest
 
 
@@ -224,8 +179,8 @@ def _store_states(X, d_ptr_offs, d_mask, h, n_valid, DSTATE: tl.constexpr, GROUP
     array whose states are adjacent. GROUP states at a time are joined into a (BLOCK_D, GROUP)
     tile held inside each thread (as _state_row's loads are), so each thread writes its
     channel's GROUP states as one 16-byte vector: a warp instruction fills half of each of its
-    32 sectors, where a store per state wrote 4 bytes into each (ncu, twenty-second session: the
-    chunk states then cost the forward ~1 ms of 3.5 at 262k x 512). A wider tile would be
+    32 sectors, where a store per state wrote 4 bytes into each (ncu: the chunk states then cost
+    the forward ~1 ms of 3.5 at 262k x 512). A wider tile would be
     re-laid out through shared memory for the store, behind barriers. EXACT (no padding
     states) drops the mask over the states, which would keep the store from being vectorised."""
     BLOCK_D: tl.constexpr = h[0].shape[0]
@@ -250,28 +205,14 @@ def _store_states(X, d_ptr_offs, d_mask, h, n_valid, DSTATE: tl.constexpr, GROUP
 def _prefetch_rows(X_ROW, row_stride, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr):
     """Ask L1 for ROWS rows of B or C from X_ROW on (prefetch.global.L1: no register waits on
     it). B[t] and C[t] are read by every warp of a program in step t, at nearly the same time:
-    without this, the first load of a line missed L1 and every warp waited for L2 (ncu,
-    twenty-second session: long-scoreboard stalls on those rows were most of pass 3's stall
-    samples even with the rows loaded a step ahead). One tile ahead is microseconds of lead."""
+    without this, the first load of a line missed L1 and every warp waited for L2 (ncu:
+    long-scoreboard stalls on those rows were most of pass 3's stall samples even with the rows
+    loaded a step ahead). One tile ahead is microseconds of lead. Off in the interpreter
+    (inline PTX)."""
     if PREFETCH:
         for j in tl.static_range(ROWS):
             ptrs = X_ROW + j * row_stride + tl.zeros([BLOCK_D], tl.int32)
             tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_tile(X, base, t, stride_l, mask_d, t_limit, STEPS: tl.constexpr, AHEAD: tl.constexpr):
-    """Ask L2 for the steps t .. t + STEPS - 1 of each thread's channel of u, delta or z (a tile
-    AHEAD tiles before its load; prefetch.global.L2: nothing waits on it, no register holds it).
-    STEPS is 1 where time is contiguous (a thread's 8 steps share a 32-byte sector), 8 where
-    it is not. Off with AHEAD 0 (the default: not yet timed, twenty-second session's next step:
-    ncu's top stall in pass 3 was the delta tile loaded a whole iteration ahead)."""
-    if AHEAD > 0:
-        for j in tl.static_range(STEPS):
-            ptrs = X + base + (t + j).to(tl.int64) * stride_l
-            ptrs = tl.where(mask_d & (t + j < t_limit), ptrs, X)  # past the end: a valid address
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                                       is_pure=False, pack=1)
 
 
@@ -295,14 +236,6 @@ def _time_tile(X, base, t0, offs_t, stride_l, mask_d, t_limit):
 
 
 @triton.jit
-def _next_tile(X, base, t0, offs_t, stride_l, mask_d, t_end, STEPS: tl.constexpr, AHEAD: tl.constexpr):
-    """The tile after t0's (_time_tile, loaded an iteration before its use), and an L2 prefetch
-    of the one AHEAD tiles past it (_prefetch_tile; nothing with AHEAD 0)."""
-    _prefetch_tile(X, base, t0 + 8 * (1 + AHEAD), stride_l, mask_d, t_end, STEPS, AHEAD)
-    return _time_tile(X, base, t0 + 8, offs_t, stride_l, mask_d, t_end)
-
-
-@triton.jit
 def _step_sizes(x, t0, offs_t, seqlen, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
     """dt = softplus(delta + delta_bias) over a (BLOCK_D, T) tile of delta (x), 0 past the sequence
     end (a bias would otherwise make softplus(0 + bias) > 0 there)."""
@@ -323,8 +256,7 @@ def _advance(h, a, dt, dtu, b, DSTATE: tl.constexpr, FAST_EXP: tl.constexpr):
         # need not fuse the same one (seen on the GPU: pass 3 with and without the chunk states
         # differed by float32 rounding). Writing the fma out (tl.fma) fixes the choice but
         # changed ptxas's allocation under OUT_MAXNREG: 24 -> 116-144 spilled registers, with
-        # spills inside the hot loop (offline sm_90, twenty-second session), so it is left to
-        # the compiler.
+        # spills inside the hot loop (offline sm_90), so it is left to the compiler.
         out = out + (_decay(dt, a[n], FAST_EXP) * h[n] + dtu * b[n],)
     return out
 
@@ -358,10 +290,9 @@ def _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D: tl
 def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim, dstate,
                       stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
                       stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
-                      BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, PADDED: tl.constexpr,
-                      FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                      ROWS_AHEAD: tl.constexpr, PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
-                      EXACT: tl.constexpr, TILES_AHEAD: tl.constexpr, TILE_STEPS: tl.constexpr):
+                      BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr, FAST_EXP: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, ROWS_AHEAD: tl.constexpr,
+                      PREFETCH: tl.constexpr, EXACT: tl.constexpr):
     """Pass 1: each segment from a zero state; its final state S_k and decay P_k."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
     offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
@@ -379,23 +310,19 @@ def _seq_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, seg_len, dim
     # ROWS_AHEAD steps ahead (see _rows_ahead).
     nxt_delta = _time_tile(DELTA, d_base, t_start, offs_t, stride_dl, mask_d, t_end)
     nxt_u = _time_tile(U, u_base, t_start, offs_t, stride_ul, mask_d, t_end)
-    row_b = stride_bl
-    if PAD_ROWS:  # a constant: the row loads take immediate offsets
-        row_b = DSTATE
-    b_ring = _first_rows(b_seg, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
-                         ROWS_AHEAD, not PAD_ROWS)
+    # B's rows are DSTATE floats apart (a constant: the row loads take immediate offsets)
+    b_ring = _first_rows(b_seg, stride_bn, BLOCK_D, DSTATE, GROUP, ROWS_AHEAD)
     for t0 in range(t_start, t_end, 8):
         cur_delta, cur_u = nxt_delta, nxt_u
-        nxt_delta = _next_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
-        nxt_u = _next_tile(U, u_base, t0, offs_t, stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
-        _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
+        nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
+        nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
+        _prefetch_rows(b_seg + (t0 + 8 - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         dtu = dt * cur_u.to(tl.float32)
         dt_sum += tl.sum(dt, 1)
         dts, dtus = _steps(dt), _steps(dtu)
         for j in tl.static_range(8):
-            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D,
-                                    DSTATE, GROUP, PADDED, ROWS_AHEAD, not PAD_ROWS)
+            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, stride_bn, BLOCK_D, DSTATE, GROUP, ROWS_AHEAD)
             h = _advance(h, a, dts[j], dtus[j], b, DSTATE, FAST_EXP)
     s_offs = off_b.to(tl.int64) * stride_sb + seg.to(tl.int64) * stride_sc + offs_d * stride_sd
     _store_states(S_LOC, s_offs, mask_d, h, dstate, DSTATE, GROUP, EXACT)
@@ -408,15 +335,12 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
                     stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn, stride_zb, stride_zl, stride_zd,
                     stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd, stride_hb, stride_hc,
                     stride_hd, BLOCK_D: tl.constexpr, DSTATE: tl.constexpr, GROUP: tl.constexpr,
-                    PADDED: tl.constexpr, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, SAVE_DECAYS: tl.constexpr,
-                    ROWS_AHEAD: tl.constexpr,
-                    PAD_ROWS: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, TILES_AHEAD: tl.constexpr,
-                    TILE_STEPS: tl.constexpr):
+                    CHUNK: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SAVE_CHUNKS: tl.constexpr, ROWS_AHEAD: tl.constexpr,
+                    PREFETCH: tl.constexpr, EXACT: tl.constexpr):
     """Pass 3: each segment from its true initial state H_k: out = (sum_n C h + u D) silu(z),
     rounded once to OUT's dtype; with SAVE_CHUNKS, each CHUNK-step chunk's initial state and
-    (SAVE_DECAYS) decay for the backward (segments hold whole chunks: seg_len is a multiple of
-    CHUNK)."""
+    decay for the backward (segments hold whole chunks: seg_len is a multiple of CHUNK)."""
     off_b, seg = tl.program_id(0), tl.program_id(2)
     offs_d, mask_d, a, bias = _segment_setup(A, DELTA_BIAS, dim, dstate, stride_ad, stride_an, BLOCK_D, DSTATE,
                                              HAS_BIAS)
@@ -444,35 +368,28 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
     nxt_u = _time_tile(U, u_base, t_start, offs_t, stride_ul, mask_d, t_end)
     if HAS_Z:
         nxt_z = _time_tile(Z, z_base, t_start, offs_t, stride_zl, mask_d, t_end)
-    row_b, row_c = stride_bl, stride_cl
-    if PAD_ROWS:
-        row_b, row_c = DSTATE, DSTATE
-    b_ring = _first_rows(b_seg, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D, DSTATE, GROUP, PADDED,
-                         ROWS_AHEAD, not PAD_ROWS)
-    c_ring = _first_rows(c_seg, t_start, t_end, row_c, dstate, stride_cn, BLOCK_D, DSTATE, GROUP, PADDED,
-                         ROWS_AHEAD, not PAD_ROWS)
+    b_ring = _first_rows(b_seg, stride_bn, BLOCK_D, DSTATE, GROUP, ROWS_AHEAD)
+    c_ring = _first_rows(c_seg, stride_cn, BLOCK_D, DSTATE, GROUP, ROWS_AHEAD)
     for t0 in range(t_start, t_end, 8):
         if SAVE_CHUNKS:
             if t0 % CHUNK == 0:  # the state entering chunk t0 // CHUNK
                 _store_states(H_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d, h, dstate, DSTATE,
                               GROUP, EXACT)
         cur_delta, cur_u = nxt_delta, nxt_u
-        nxt_delta = _next_tile(DELTA, d_base, t0, offs_t, stride_dl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
-        nxt_u = _next_tile(U, u_base, t0, offs_t, stride_ul, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
+        nxt_delta = _time_tile(DELTA, d_base, t0 + 8, offs_t, stride_dl, mask_d, t_end)
+        nxt_u = _time_tile(U, u_base, t0 + 8, offs_t, stride_ul, mask_d, t_end)
         if HAS_Z:
             cur_z = nxt_z
-            nxt_z = _next_tile(Z, z_base, t0, offs_t, stride_zl, mask_d, t_end, TILE_STEPS, TILES_AHEAD)
-        _prefetch_rows(b_seg + (t0 + 8 - t_start) * row_b, row_b, BLOCK_D, 8, PREFETCH)
-        _prefetch_rows(c_seg + (t0 + 8 - t_start) * row_c, row_c, BLOCK_D, 8, PREFETCH)
+            nxt_z = _time_tile(Z, z_base, t0 + 8, offs_t, stride_zl, mask_d, t_end)
+        _prefetch_rows(b_seg + (t0 + 8 - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
+        _prefetch_rows(c_seg + (t0 + 8 - t_start) * DSTATE, DSTATE, BLOCK_D, 8, PREFETCH)
         dt = _step_sizes(cur_delta, t0, offs_t, seqlen, bias, HAS_BIAS, SOFTPLUS)
         u = cur_u.to(tl.float32)
         dts, dtus = _steps(dt), _steps(dt * u)
         ys = ()
         for j in tl.static_range(8):
-            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, t_end, row_b, dstate, stride_bn, BLOCK_D,
-                                    DSTATE, GROUP, PADDED, ROWS_AHEAD, not PAD_ROWS)
-            c, c_ring = _rows_ahead(c_ring, c_seg, t0 + j, t_start, t_end, row_c, dstate, stride_cn, BLOCK_D,
-                                    DSTATE, GROUP, PADDED, ROWS_AHEAD, not PAD_ROWS)
+            b, b_ring = _rows_ahead(b_ring, b_seg, t0 + j, t_start, stride_bn, BLOCK_D, DSTATE, GROUP, ROWS_AHEAD)
+            c, c_ring = _rows_ahead(c_ring, c_seg, t0 + j, t_start, stride_cn, BLOCK_D, DSTATE, GROUP, ROWS_AHEAD)
             h, y = _advance_and_read(h, a, dts[j], dtus[j], b, c, DSTATE, FAST_EXP)
             ys = ys + (y,)
         y = _tile_of_steps(ys)
@@ -484,7 +401,7 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
         t = t0 + offs_t
         tl.store(OUT + o_base[:, None] + t[None, :].to(tl.int64) * stride_ol, y.to(OUT.dtype.element_ty),
                  mask=mask_d[:, None] & (t < seqlen)[None, :])
-        if SAVE_CHUNKS and SAVE_DECAYS:
+        if SAVE_CHUNKS:
             dt_sum += tl.sum(dt, 1)
             if ((t0 + 8) % CHUNK == 0) | (t0 + 8 >= t_end):  # the chunk's last tile: its decay
                 _store_states(P_CHUNK, h_offs + ((t0 - t_start) // CHUNK) * stride_hc, mask_d,
@@ -501,21 +418,21 @@ def _sm_count(index: int) -> int:
 
 
 def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: torch.device,
-           interpreted: bool) -> dict:
+           interpreted: bool, chunks_per_segment: int | None = None) -> dict:
     """Tile sizes and the segment length.
 
     BLOCK_D = 32 channels per warp, 4 warps; DSTATE the states rounded up to GROUP (4, or the
-    next power of two below 4). The sequence splits into segments so that the launch has ~8
-    programs per SM (two waves of 4-warp programs at ~130 registers; each program's work is the
-    same, so the waves are even), each a whole number of CHUNK-step chunks (the backward's chunk
-    states) and at least one chunk. In the interpreter, one chunk per segment, so that small
-    tests cross segment boundaries."""
+    next power of two below 4). The sequence splits into segments so that the launch has
+    PROGRAMS_PER_SM programs per SM (each program's work is the same, so the waves are even), each
+    a whole number of CHUNK-step chunks (the backward's chunk states) and at least one chunk. In
+    the interpreter, one chunk per segment, so that small tests cross segment boundaries;
+    chunks_per_segment forces the split (tests run several chunks inside one segment with it)."""
     warps = 1 if interpreted else 4
     block_d = 32 * warps
     group = 4 if dstate >= 4 else next_power_of_2(dstate)
     n_chunks = cdiv(seqlen, chunk)
-    if CHUNKS_PER_SEGMENT is not None:
-        chunks_per_seg = CHUNKS_PER_SEGMENT
+    if chunks_per_segment is not None:
+        chunks_per_seg = chunks_per_segment
     elif interpreted or device.type != "cuda":
         chunks_per_seg = 1
     else:
@@ -523,66 +440,53 @@ def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: t
         segments = max(1, cdiv(PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else 0), rows))
         chunks_per_seg = cdiv(n_chunks, segments)
     padded = cdiv(dstate, group) * group
-    return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, PADDED=padded != dstate and not PAD_ROWS,
-                ROWS_AHEAD=ROWS_AHEAD, PAD_ROWS=PAD_ROWS, PREFETCH=PREFETCH_ROWS and PAD_ROWS and not interpreted,
-                EXACT=padded == dstate, TILES_AHEAD=0 if interpreted else TILES_AHEAD, num_warps=warps,
-                seg_len=chunks_per_seg * chunk, n_seg=cdiv(n_chunks, chunks_per_seg))
+    return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, ROWS_AHEAD=ROWS_AHEAD, PREFETCH=not interpreted,
+                EXACT=padded == dstate, num_warps=warps, seg_len=chunks_per_seg * chunk,
+                n_seg=cdiv(n_chunks, chunks_per_seg))
 
 
-def _float_rows(x: torch.Tensor, rows: int, width: int, pad: bool) -> torch.Tensor:
-    """B or C, (batch, seqlen, dstate), as float32 with each step's states adjacent: what
-    _state_row loads. A copy of dstate values per step, small beside the dim-wide u, delta, z.
-    With pad: (batch, rows, width), zero past the sequence and the states."""
-    if pad:
-        seqlen, dstate = x.shape[1], x.shape[2]
-        out = x.new_empty(x.shape[0], rows, width, dtype=torch.float32)
-        out[:, :seqlen, :dstate] = x
-        out[:, seqlen:].zero_()  # only what the copy leaves: the rows past the sequence,
-        out[:, :seqlen, dstate:].zero_()  # and the states past dstate
-        return out
-    if x.dtype == torch.float32 and x.stride(2) == 1:
-        return x
-    return x.float().contiguous()
+def _float_rows(x: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """B or C, (batch, seqlen, dstate), as float32 (batch, rows, width) with each step's states
+    adjacent: what _state_row loads, zero past the sequence and the states. A copy of dstate
+    values per step, small beside the dim-wide u, delta, z."""
+    seqlen, dstate = x.shape[1], x.shape[2]
+    out = x.new_empty(x.shape[0], rows, width, dtype=torch.float32)
+    out[:, :seqlen, :dstate] = x
+    out[:, seqlen:].zero_()  # only what the copy leaves: the rows past the sequence,
+    out[:, :seqlen, dstate:].zero_()  # and the states past dstate
+    return out
 
 
 def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None, delta_bias=None,
                  softplus: bool = False, save_chunks: bool = True, out_dtype: torch.dtype | None = None,
-                 state_every: int | None = None):
+                 chunks_per_segment: int | None = None):
     """out = (core(u, dt, A, B, C) + u D) silu(z) (each part where given), dt = softplus(delta +
     delta_bias), in out_dtype (u's by default) and u's layout (channels-first u gives a
     channels-first out). Returns (out, H, P): each CHUNK-step chunk's initial state and decay,
-    (batch, n_chunks, dim, dstate) float32, as scan.scan_forward's, for the chunked backward
-    kernels (None, None with save_chunks=False). With state_every (a multiple of 8), H is the
-    state entering every state_every-step interval instead and P is None: what the sequential
-    backward (backward.py) takes, which recomputes the decays. Any strides and float dtypes; A is
-    float32."""
+    (batch, n_chunks, dim, dstate) float32, for the chunked backward kernels (None, None with
+    save_chunks=False). Any strides and float dtypes; A is float32."""
     batch, seqlen, dim = u.shape
     dstate = A.shape[1]
-    chunk = state_every or _blocks(dim, dstate, interpreted)["CHUNK"]
-    if chunk % T:
-        raise ValueError(f"state_every must be a multiple of {T}, got {chunk}")
-    cfg = config(batch, seqlen, dim, dstate, chunk, u.device, interpreted)
+    chunk = chunk_blocks(dim, dstate, interpreted)["CHUNK"]
+    cfg = config(batch, seqlen, dim, dstate, chunk, u.device, interpreted, chunks_per_segment)
     seg_len, n_seg = cfg.pop("seg_len"), cfg.pop("n_seg")
     assert chunk % T == 0 and seg_len % chunk == 0, (chunk, seg_len)  # tiles never straddle a chunk
     grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_seg)
-    # a thread's 8 steps share a sector where time is contiguous: one L2 prefetch covers them
-    cfg["TILE_STEPS"] = 1 if u.stride(1) == 1 and delta.stride(1) == 1 and (z is None or z.stride(1) == 1) else T
-    flags = _flags(D, z, delta_bias, softplus)
+    flags = kernel_flags(D, z, delta_bias, softplus)
     bias = u if delta_bias is None else delta_bias  # placeholder pointers where not given
     fast_exp = not interpreted
-    pad_rows = cfg["PAD_ROWS"]
     # every row the ring reads or L1 is asked for: the last segment's whole tiles, and
     # ROWS_AHEAD steps or a tile past them
     rows = n_seg * seg_len + max(cfg["ROWS_AHEAD"], 2 * T)
-    B32 = _float_rows(B, rows, cfg["DSTATE"], pad_rows)
-    common = (seqlen, seg_len, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1),
-              *_strides3(B32))
+    B32 = _float_rows(B, rows, cfg["DSTATE"])
+    common = (seqlen, seg_len, dim, dstate, *strides3(u), *strides3(delta), A.stride(0), A.stride(1),
+              *strides3(B32))
     s_loc, s_decay, h_seg = (torch.empty(batch, n_seg, dim, dstate, device=u.device, dtype=torch.float32)
                              for _ in range(3))
-    s_strides = _strides3(s_loc)
+    s_strides = strides3(s_loc)
     _seq_local_kernel[grid](u, delta, bias, A, B32, s_loc, s_decay, *common, *s_strides, FAST_EXP=fast_exp,
                             HAS_BIAS=flags["HAS_BIAS"], SOFTPLUS=flags["SOFTPLUS"], **cfg)
-    _carry_walk(s_loc, s_decay, h_seg, False, _blocks(dim, dstate, interpreted))
+    carry_walk(s_loc, s_decay, h_seg, False, chunk_blocks(dim, dstate, interpreted))
     del s_loc, s_decay
     # out in u's layout: a channels-first u (time contiguous) gives a channels-first out.
     if u.stride(1) == 1 and seqlen > 1:
@@ -592,16 +496,15 @@ def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None
     n_chunks = cdiv(seqlen, chunk)
     if save_chunks:
         h_chunk = torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
-        p_chunk = h_chunk if state_every else torch.empty_like(h_chunk)  # a placeholder without decays
+        p_chunk = torch.empty_like(h_chunk)
     else:
         h_chunk = p_chunk = h_seg  # placeholders, never written
     gate = u if z is None else z
-    C32 = _float_rows(C, rows, cfg["DSTATE"], pad_rows)
+    C32 = _float_rows(C, rows, cfg["DSTATE"])
     _seq_out_kernel[grid](u, delta, bias, A, B32, C32, u if D is None else D, gate, h_seg, out, h_chunk, p_chunk,
-                          *common, *_strides3(C32), *_strides3(gate), *_strides3(out), *s_strides,
-                          *_strides3(h_chunk), CHUNK=chunk, FAST_EXP=fast_exp, SAVE_CHUNKS=save_chunks,
-                          SAVE_DECAYS=not state_every, **flags,
-                          **cfg, **({} if OUT_MAXNREG is None or interpreted else dict(maxnreg=OUT_MAXNREG)))
+                          *common, *strides3(C32), *strides3(gate), *strides3(out), *s_strides,
+                          *strides3(h_chunk), CHUNK=chunk, FAST_EXP=fast_exp, SAVE_CHUNKS=save_chunks, **flags,
+                          **cfg, **({} if interpreted else dict(maxnreg=OUT_MAXNREG)))
     if not save_chunks:
         return out, None, None
-    return out, h_chunk, None if state_every else p_chunk
+    return out, h_chunk, p_chunk

@@ -1,8 +1,9 @@
 """`selective_scan_fn`: Mamba's selective scan with mamba-ssm's argument names, in genoflash's
-(batch, seqlen, ...) layout. Validate -> the chosen backend: `triton` runs the Triton kernels of
-scan.py, which also do the element-wise prologue (delta_bias, softplus) and epilogue (skip D,
-gate z), inside one autograd Function; `torch` and `reference` run the sequential recurrence of
-reference.py (slow, for CPUs and tests).
+(batch, seqlen, ...) layout. Validate -> the chosen backend: `triton` runs the Triton kernels
+(forward.py; backward.py or backward_channels_first.py by layout), which also do the element-wise
+prologue (delta_bias, softplus) and epilogue (skip D, gate z), inside one autograd Function;
+`torch` and `reference` run the sequential recurrence of reference.py (slow, for CPUs and tests).
+docs/design/mamba-scan.md says why the kernels are built this way.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...backends import select_backend, triton_interpreted
+from .recurrence import time_contiguous
 from .reference import selective_scan_reference
 
 MAX_DSTATE = 64
@@ -19,8 +21,8 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 class SelectiveScanFunction(torch.autograd.Function):
     """out = ((core(u, dt, A, B, C) + u D) * silu(z)) in u's dtype, dt = softplus(delta +
     delta_bias), where core is y[t, d] = sum_n C[t, n] h[t, d, n], h[t] = exp(dt A) h[t-1] +
-    dt B u. The Triton kernels of scan.py do all of it in float32 registers and round once,
-    as reference.py computes it.
+    dt B u. The Triton kernels do all of it in float32 registers and round once, as reference.py
+    computes it.
 
     Memory: autograd keeps the inputs as given (usually 16-bit) and the core's chunk states,
     nothing of size (token, channel) of its own. The backward kernels recompute dt, the gate
@@ -32,54 +34,37 @@ class SelectiveScanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, deterministic):
-        from . import backward, forward, scan, scan_channels_first
+        from . import backward, backward_channels_first, forward
         interpreted = triton_interpreted()
         # Channels-first u and delta ((batch, seqlen, dim) views of (batch, dim, seqlen) memory)
-        # go to the state-loop kernels when they are enabled; everything else to scan.py's, which
-        # read (token, channel) rows. Any float dtype is read and upcast in registers. z is read
-        # with its own strides (the Mamba layer's is a view into in_proj's output, which stays
-        # alive anyway: no copy).
-        kernels = scan
-        if scan_channels_first.ENABLED and scan_channels_first.time_contiguous(u) \
-                and scan_channels_first.time_contiguous(delta):
-            kernels = scan_channels_first
+        # go to the backward's state-loop kernels; everything else to backward.py's, which read
+        # (token, channel) rows. The forward takes either layout. Any float dtype is read and
+        # upcast in registers. z is read with its own strides (the Mamba layer's is a view into
+        # in_proj's output, which stays alive anyway: no copy).
+        if time_contiguous(u) and time_contiguous(delta):
+            ctx.kernels = backward_channels_first
         else:
             u, delta = u.contiguous(), delta.contiguous()
+            ctx.kernels = backward
         A32 = A.float().contiguous()
         B, C = B.contiguous(), C.contiguous()
         # The kernels read D and delta_bias as dense (dim,) vectors.
         D = None if D is None else D.contiguous()
         delta_bias = None if delta_bias is None else delta_bias.contiguous()
-        # The forward runs as sequential per-thread recurrences (forward.py) unless switched off; it
-        # writes the chunk states the backward takes, and only when a backward will run: every
-        # STATE_EVERY steps' state for the sequential backward (backward.py), else each 32-step
-        # chunk's state and decay for the chunked backward kernels.
-        sequential_backward = forward.ENABLED and backward.ENABLED
-        ctx.state_every = backward.STATE_EVERY if sequential_backward else None
-        if forward.ENABLED:
-            out, h0, decay = forward.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
-                                                  softplus=softplus, save_chunks=any(ctx.needs_input_grad),
-                                                  state_every=ctx.state_every)
-        else:
-            out, h0, decay = kernels.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z,
-                                                  delta_bias=delta_bias, softplus=softplus)
+        # The forward writes each chunk's initial state and decay, which the backward takes, only
+        # when a backward will run.
+        out, h0, decay = forward.scan_forward(u, delta, A32, B, C, interpreted, D=D, z=z, delta_bias=delta_bias,
+                                              softplus=softplus, save_chunks=any(ctx.needs_input_grad))
         ctx.save_for_backward(u, delta, A32, B, C, D, z, delta_bias, h0, decay)
         ctx.softplus, ctx.interpreted, ctx.deterministic, ctx.a_dtype = softplus, interpreted, deterministic, A.dtype
-        ctx.kernels = kernels
         return out
 
     @staticmethod
     def backward(ctx, dout):
         u, delta, A32, B, C, D, z, delta_bias, h0, decay = ctx.saved_tensors
-        if ctx.state_every:  # deterministic either way: each program writes its own partial sums
-            from . import backward
-            du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = backward.scan_backward(
-                dout, u, delta, A32, B, C, h0, ctx.interpreted, D=D, z=z, delta_bias=delta_bias,
-                softplus=ctx.softplus, state_every=ctx.state_every)
-        else:
-            du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = ctx.kernels.scan_backward(
-                dout, u, delta, A32, B, C, h0, decay, ctx.interpreted, ctx.deterministic, D=D, z=z,
-                delta_bias=delta_bias, softplus=ctx.softplus)
+        du, ddelta, dA, dB, dC, dD, dz, ddelta_bias = ctx.kernels.scan_backward(
+            dout, u, delta, A32, B, C, h0, decay, ctx.interpreted, ctx.deterministic, D=D, z=z,
+            delta_bias=delta_bias, softplus=ctx.softplus)
         return (du, ddelta, dA.to(ctx.a_dtype), dB.to(B.dtype), dC.to(C.dtype),
                 None if dD is None else dD.to(D.dtype), dz,
                 None if ddelta_bias is None else ddelta_bias.to(delta_bias.dtype), None, None)
@@ -124,9 +109,9 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 
     Layout: u and delta given as (batch, seqlen, dim) views of (batch, dim, seqlen) memory (time
     contiguous, mamba-ssm's layout; `x.transpose(1, 2)` of a channels-first tensor) take the
-    faster state-loop kernels (scan_channels_first.py; 2.1x forward, 2.4x backward at 1M x 512
-    on the H200), and the output comes back in that layout. Dense (batch, seqlen, dim) tensors
-    take scan.py's kernels. The Mamba block makes its activations channels-first for this."""
+    faster state-loop backward (backward_channels_first.py; 2.4x at 1M x 512 on the H200), and
+    the output comes back in that layout. Dense (batch, seqlen, dim) tensors take backward.py's
+    kernels. The Mamba block makes its activations channels-first for this."""
     _check(u, delta, A, B, C, D, z, delta_bias)
     backend = select_backend(u.device)
     if backend != "triton":

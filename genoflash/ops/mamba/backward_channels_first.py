@@ -1,7 +1,7 @@
-"""The selective scan's kernels for channels-first activations, with a loop over states.
+"""The selective scan's backward for channels-first activations, with a loop over states.
 
-Same math, same chunks and same chunk states as scan.py (whose module docstring states the
-recurrence, the three passes and every gradient term); only the tiling differs. scan.py holds a
+Same math, same chunks and same chunk states as backward.py (whose module docstring states the
+three passes and every gradient term); only the tiling differs. backward.py holds a
 (CHUNK, BLOCK_D, BLOCK_N) tile per program with time inside each thread and the states across
 lanes, so every (time, channel) value (the softplus, the gate) is computed by all the lanes that
 share it, and every sum over states is a lane shuffle. Here a program holds (CHUNK, BLOCK_D)
@@ -13,7 +13,7 @@ mamba-ssm also takes. Triton lays a tile out after its loads: with time contiguo
 16-bit steps per thread and keeps them inside the thread (threads [4, 8] x warps [1, W] over
 (time, channel)), so each scan is 8 steps in registers and a 2-step shuffle tail over 4 lanes.
 With channels contiguous it splits time across warps or lanes instead and each scan step crosses
-threads (benchmarks/NOTES.md, ninth session). The tensors are passed as (batch, seqlen, dim)
+threads (docs/design/mamba-scan.md). The tensors are passed as (batch, seqlen, dim)
 views of channels-first memory; every kernel takes their strides.
 
 BLOCK_D = 8 x num_warps channels, so each thread owns 8 steps of one channel per tile: the
@@ -22,18 +22,15 @@ gradient pass's dozen live tiles and two scans per state fit in ~210 registers w
 reductions across warps.
 
 What each state's step costs, in sm_90 SASS instructions per thread of the loop over states
-(8 steps of one channel; `benchmarks/offline_compile.py mamba 16 --channels-first --sass DIR`):
-local 163 -> 96, output 230 -> 127, backward local 237 -> 116, gradients 728 -> 504, from three
-changes: B and C read as state-major float32 (`_state_major`: one vector load per run of steps,
-where each step took a scalar load, a 64-bit address and a conversion), the adjoint scans as
-flipped forward scans (Triton lowers reverse=True with butterfly shuffles across the warp), and
-the decays as ex2.approx.ftz of dt * A log2(e) (`_decay`). Then (twenty-sixth session) the
-adjoint scans take their inputs already in reversed step order (`_adjoint_order`; C's columns
-from a chunk-reversed copy, `_adjoint_columns`) instead of flipping two tiles in and two out per
-state (16 shuffles each): backward local 118 -> 81 per state (8.7 -> 6.2 ms at 1M x 512 on the
-H200), gradients 525 -> 482 with one flip left per state (g back to step order). The gradient
-pass's time did not follow its instruction count (57.0 -> 56.7 ms): its 8 warps per SM wait on
-each state's chain of scans, shuffles and barriers, not on issue.
+(8 steps of one channel; `tools/offline_compile.py mamba 16 --channels-first --sass DIR`):
+backward local 237 -> 81, gradients 728 -> 482, from B and C read as state-major float32
+(`_state_major`: one vector load per run of steps, where each step took a scalar load, a 64-bit
+address and a conversion), the decays as ex2.approx.ftz of dt * A log2(e) (`_decay`), and the
+adjoint scans run as forward scans over inputs already in reversed step order (`_adjoint_order`;
+C's columns from a chunk-reversed copy, `_adjoint_columns`), since Triton lowers reverse=True
+with butterfly shuffles across the warp. The gradient pass's time did not follow its last cut in
+instructions (57.0 -> 56.7 ms at 1M x 512 on the H200): its 8 warps per SM wait on each state's
+chain of scans, shuffles and barriers, not on issue (docs/design/mamba-scan.md).
 """
 
 from __future__ import annotations
@@ -42,35 +39,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..host import cdiv
-from .scan import (_blocks, _carry_walk, _channel_vector, _flags, _flip_reverse_scan, _linear_recurrence, _sigmoid,
-                   _step_size, _strides3, _tile_2d, _write_partial)
-
-# The interface takes these kernels for channels-first inputs only when this is True, and the
-# Mamba block makes channels-first activations only then. Timed on the H200 at a3eaca5
-# (results/h200-2026-11-30-mixers-channels-first-a3eaca5.json against ...-mixers-c36319a.json):
-# the scan kernels at 1M x 512, forward 34.0 -> 20.3 ms and backward 162 -> 107 ms; the Mamba
-# block fwd+bwd at 1M, d_model 256, 305 -> 204 ms and 19.9 -> 15.8 GiB; d_model 1024,
-# 1.24 -> 0.84 s and 78.8 -> 62.8 GiB. False brings back the 3-D tiles of scan.py everywhere
-# (`genoflash bench mixers --mamba-3d-tiles` times them).
-ENABLED = True
-
+from ..common.host import cdiv
+from .chunk_states import carry_walk
+from .recurrence import (_channel_vector, _decay, _linear_recurrence, _sigmoid, _step_size, _tile_2d, _write_partial,
+                         chunk_blocks, flip_reverse_scan, kernel_flags, strides3)
 
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _decay(dt, a_log2, FAST_EXP: tl.constexpr):
-    """The decays exp(dt A) = 2^(dt A log2(e)), from a_log2 = A log2(e) scaled once per state
-    (the multiply by log2(e) would otherwise run per element). On the GPU as ex2.approx.ftz:
-    without ftz, ex2.approx guards subnormal results with a compare and two multiplies around
-    the MUFU (sm_90 SASS), four instructions where one does. Flushing a decay below 2^-126 to 0
-    changes nothing a float32 state can hold."""
-    x = dt * a_log2
-    if FAST_EXP:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    return tl.math.exp2(x)
 
 
 @triton.jit
@@ -103,7 +77,7 @@ def _adjoint_scan(decay_next, dyc, FLIP_SCAN: tl.constexpr):
     prod_{t < s <= end + 1} a_s that carries one in. Reversed steps make the reverse scan a
     forward one: Triton lowers reverse=True to butterfly shuffles across the warp, and flipping
     the inputs and outputs of a forward scan instead took 64 shuffles per state in the gradient
-    pass (sm_90 SASS, benchmarks/NOTES.md, twenty-sixth session). With the inputs in reversed
+    pass (sm_90 SASS). With the inputs in reversed
     order, the backward local pass flips nothing and the gradient pass flips g once per state."""
     if FLIP_SCAN:
         return tl.associative_scan((decay_next, dyc), 0, _linear_recurrence)
@@ -175,69 +149,6 @@ def _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP: tl.constexpr):
     b = dtu * b_col[:, None]
     a_cum, h_loc = tl.associative_scan((_decay(dt, (a_col * LOG2E)[None, :], FAST_EXP), b), 0, _linear_recurrence)
     return b, a_cum, h_loc
-
-
-@triton.jit
-def _cf_local_kernel(U, DELTA, DELTA_BIAS, A, B, S_LOC, P, seqlen, dim, dstate,
-                     stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
-                     stride_bb, stride_bl, stride_bn, stride_sb, stride_sc, stride_sd,
-                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SOFTPLUS: tl.constexpr):
-    """Pass 1: each chunk's final state from a zero start (S_c) and its decay (P_c), state by state."""
-    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
-    t0 = chunk * CHUNK
-    offs_t, offs_d, n_t, d_mask, _, dt, _, dtu = _cf_chunk_prologue(
-        U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
-        stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
-    s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
-    a_nxt, b_nxt = _state_columns(A, B, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
-                                  stride_bb, stride_bl, stride_bn)
-    for n in range(0, dstate):
-        a_col, b_col = a_nxt, b_nxt
-        a_nxt, b_nxt = _state_columns(A, B, _next_state(n, dstate), off_b, t0, d0, offs_t, offs_d, n_t, d_mask,
-                                      stride_ad, stride_an, stride_bb, stride_bl, stride_bn)
-        _, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
-        tl.store(S_LOC + s_off + n, _time_row(h_loc, offs_t, CHUNK - 1), mask=d_mask)
-        tl.store(P + s_off + n, _time_row(a_cum, offs_t, CHUNK - 1), mask=d_mask)
-
-
-@triton.jit
-def _cf_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H, OUT, seqlen, dim, dstate,
-                   stride_ub, stride_ul, stride_ud, stride_db, stride_dl, stride_dd, stride_ad, stride_an,
-                   stride_bb, stride_bl, stride_bn, stride_cb, stride_cl, stride_cn, stride_zb, stride_zl, stride_zd,
-                   stride_ob, stride_ol, stride_od, stride_sb, stride_sc, stride_sd,
-                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, FAST_EXP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
-    """Pass 3: y = sum_n C[:, n] h_n accumulated state by state from the chunk's true initial
-    states, then out = (y + u D) silu(z), rounded once to OUT's dtype."""
-    off_b, d0, chunk = tl.program_id(0), tl.program_id(1) * BLOCK_D, tl.program_id(2)
-    t0 = chunk * CHUNK
-    offs_t, offs_d, n_t, d_mask, u, dt, _, dtu = _cf_chunk_prologue(
-        U, DELTA, DELTA_BIAS, off_b, t0, d0, seqlen, dim, stride_ub, stride_ul, stride_ud, stride_db, stride_dl,
-        stride_dd, CHUNK, BLOCK_D, HAS_BIAS, SOFTPLUS)
-    s_off = off_b.to(tl.int64) * stride_sb + chunk.to(tl.int64) * stride_sc + (d0 + offs_d) * stride_sd
-    y = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
-    a_nxt, b_nxt = _state_columns(A, B, 0, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
-                                  stride_bb, stride_bl, stride_bn)
-    c_nxt = _state_column(C, off_b, t0, 0, stride_cb, stride_cl, stride_cn, offs_t, n_t)
-    h_nxt = tl.load(H + s_off, mask=d_mask, other=0.0)
-    for n in range(0, dstate):
-        a_col, b_col, c_col, h_init = a_nxt, b_nxt, c_nxt, h_nxt
-        m = _next_state(n, dstate)
-        a_nxt, b_nxt = _state_columns(A, B, m, off_b, t0, d0, offs_t, offs_d, n_t, d_mask, stride_ad, stride_an,
-                                      stride_bb, stride_bl, stride_bn)
-        c_nxt = _state_column(C, off_b, t0, m, stride_cb, stride_cl, stride_cn, offs_t, n_t)
-        h_nxt = tl.load(H + s_off + m, mask=d_mask, other=0.0)
-        _, a_cum, h_loc = _cf_state_scan(a_col, b_col, dt, dtu, FAST_EXP)
-        y += c_col[:, None] * (h_loc + a_cum * h_init[None, :])
-    if HAS_D:
-        y += u * _channel_vector(D, d0, dim, offs_d, HAS_D, BLOCK_D)[None, :]
-    if HAS_Z:
-        z = _tile_at(Z, off_b, t0, d0, stride_zb, stride_zl, stride_zd, offs_t, offs_d, n_t, dim - d0)
-        y *= z * _sigmoid(z)
-    o_ptrs = (OUT + off_b.to(tl.int64) * stride_ob + (t0 + offs_t)[:, None].to(tl.int64) * stride_ol
-              + (d0 + offs_d)[None, :] * stride_od)
-    tl.store(o_ptrs, y.to(OUT.dtype.element_ty), mask=(offs_t[:, None] < n_t) & d_mask[None, :])
 
 
 @triton.jit
@@ -316,7 +227,7 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, CA, D, Z, DOUT, H, X, DU, DD
     """Backward pass 3, state by state: for each n, h_n (forward rescan from H_c) and g_n
     (reverse rescan with X_c), their terms of du, ddelta and dz accumulated in registers, and
     dA[:, n], dB[:, n], dC[:, n] written at once. DU, DDELTA and DZ have DOUT's strides (the
-    launcher allocates them so); partial sums as scan.py's gradient pass writes them."""
+    launcher allocates them so); partial sums as backward.py's gradient pass writes them."""
     off_b, pid_d, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     d0 = pid_d * BLOCK_D
     t0 = chunk * CHUNK
@@ -403,13 +314,6 @@ def _cf_grads_kernel(U, DELTA, DELTA_BIAS, A, B, C, CA, D, Z, DOUT, H, X, DU, DD
 
 # ---------------------------------------------------------------- launchers
 
-def time_contiguous(t: torch.Tensor) -> bool:
-    """Whether a (batch, seqlen, dim) tensor's steps are adjacent in memory, as in a view of
-    (batch, dim, seqlen) memory: what these kernels need to keep runs of steps in each thread.
-    A single step is either layout."""
-    return t.stride(1) == 1 or t.shape[1] == 1
-
-
 def _as_channels_first(t: torch.Tensor) -> torch.Tensor:
     """t if it is a view of dense (batch, dim, seqlen) memory, else such a copy of it."""
     dense = t.stride(1) == 1 and t.stride(2) == t.shape[1] and t.stride(0) == t.shape[1] * t.shape[2]
@@ -421,7 +325,7 @@ def _state_major(x: torch.Tensor) -> torch.Tensor:
     (batch, dstate, seqlen)). Each thread then reads its run of steps of state n in one vector
     load, already float32: read as given (dstate contiguous, 16-bit), a state's column took one
     scalar load, a 64-bit address and a conversion per step, a third of the output pass's
-    instructions (sm_90 SASS, benchmarks/NOTES.md). The copy is small: dstate values per step
+    instructions (sm_90 SASS). The copy is small: dstate values per step
     against the dim-wide u, delta and z."""
     if x.dtype == torch.float32 and x.stride(1) == 1 and x.stride(2) == x.shape[1]:
         return x
@@ -443,48 +347,16 @@ def _adjoint_columns(C: torch.Tensor, chunk: int, flip: bool) -> torch.Tensor:
     return reversed_chunks.reshape(batch, dstate, padded_len).transpose(1, 2)
 
 
-def _empty_channels_first(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    b, n, d = like.shape
-    return torch.empty(b, d, n, device=like.device, dtype=dtype).transpose(1, 2)
-
-
 def _cfg(dim: int, dstate: int, interpreted: bool) -> dict:
-    # The chunk length must be scan.py's: the chunk states are shared (the backward may be either).
-    chunk = _blocks(dim, dstate, interpreted)["CHUNK"]
+    # The chunk length is the forward's (chunk_blocks): its chunk states are what this takes.
+    chunk = chunk_blocks(dim, dstate, interpreted)["CHUNK"]
     warps = 1 if interpreted else 8
     return dict(CHUNK=chunk, BLOCK_D=8 * warps, FAST_EXP=not interpreted, num_warps=warps)
 
 
-def scan_forward(u, delta, A, B, C, interpreted: bool = False, *, D=None, z=None, delta_bias=None,
-                 softplus: bool = False, out_dtype: torch.dtype | None = None):
-    """scan.scan_forward for channels-first u, delta and z (any layout works; channels-first is
-    the fast one): out as a (batch, seqlen, dim) view of channels-first memory, H and P."""
-    batch, seqlen, dim = u.shape
-    dstate = A.shape[1]
-    cfg = _cfg(dim, dstate, interpreted)
-    B, C = _state_major(B), _state_major(C)
-    n_chunks = cdiv(seqlen, cfg["CHUNK"])
-    grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_chunks)
-    s_loc, decay, h0 = (torch.empty(batch, n_chunks, dim, dstate, device=u.device, dtype=torch.float32)
-                        for _ in range(3))
-    flags = _flags(D, z, delta_bias, softplus)
-    bias = u if delta_bias is None else delta_bias  # placeholder pointers where not given
-    common = (seqlen, dim, dstate, *_strides3(u), *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B))
-    s_strides = _strides3(s_loc)
-    _cf_local_kernel[grid](u, delta, bias, A, B, s_loc, decay, *common, *s_strides, HAS_BIAS=flags["HAS_BIAS"],
-                           SOFTPLUS=flags["SOFTPLUS"], **cfg)
-    _carry_walk(s_loc, decay, h0, False, _blocks(dim, dstate, interpreted))
-    del s_loc
-    out = _empty_channels_first(u, out_dtype or u.dtype)
-    gate = u if z is None else z
-    _cf_out_kernel[grid](u, delta, bias, A, B, C, u if D is None else D, gate, h0, out, *common, *_strides3(C),
-                         *_strides3(gate), *_strides3(out), *s_strides, **flags, **cfg)
-    return out, h0, decay
-
-
 def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False, deterministic: bool = True, *,
                   D=None, z=None, delta_bias=None, softplus: bool = False):
-    """scan.scan_backward for channels-first inputs; du, ddelta and dz come back as (batch,
+    """backward.scan_backward for channels-first inputs; du, ddelta and dz come back as (batch,
     seqlen, dim) views of channels-first memory. dout is copied to channels-first if it is not."""
     batch, seqlen, dim = u.shape
     dstate = A.shape[1]
@@ -493,17 +365,17 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
     n_chunks = h0.shape[1]
     grid = (batch, cdiv(dim, cfg["BLOCK_D"]), n_chunks)
     dout = _as_channels_first(dout)
-    flags = _flags(D, z, delta_bias, softplus)
+    flags = kernel_flags(D, z, delta_bias, softplus)
     bias, d_skip, gate = (u if t is None else t for t in (delta_bias, D, z))  # placeholders where not given
-    s_strides = _strides3(h0)
-    flip = _flip_reverse_scan(interpreted)
+    s_strides = strides3(h0)
+    flip = flip_reverse_scan(interpreted)
     c_adj = _adjoint_columns(C, cfg["CHUNK"], flip)
     y_loc, carried = torch.empty_like(h0), torch.empty_like(h0)
-    _cf_bwd_local_kernel[grid](delta, bias, A, c_adj, dout, gate, y_loc, seqlen, dim, dstate, *_strides3(delta),
-                               A.stride(0), A.stride(1), *_strides3(c_adj), *_strides3(dout), *_strides3(gate),
+    _cf_bwd_local_kernel[grid](delta, bias, A, c_adj, dout, gate, y_loc, seqlen, dim, dstate, *strides3(delta),
+                               A.stride(0), A.stride(1), *strides3(c_adj), *strides3(dout), *strides3(gate),
                                *s_strides, HAS_BIAS=flags["HAS_BIAS"], SOFTPLUS=flags["SOFTPLUS"],
                                HAS_Z=flags["HAS_Z"], FLIP_SCAN=flip, **cfg)
-    _carry_walk(y_loc, decay, carried, True, _blocks(dim, dstate, interpreted))
+    carry_walk(y_loc, decay, carried, True, chunk_blocks(dim, dstate, interpreted))
     del y_loc
     # The gradient kernel writes du, ddelta and dz with dout's strides; dout is dense, so
     # empty_like gives them exactly those.
@@ -519,10 +391,10 @@ def scan_backward(dout, u, delta, A, B, C, h0, decay, interpreted: bool = False,
                 for given in (flags["HAS_D"], flags["HAS_BIAS"])]
     dd_part, dbias_part = (da_part if t is None else t for t in vec_part)  # placeholders where not given
     _cf_grads_kernel[grid](u, delta, bias, A, B, C, c_adj, d_skip, gate, dout, h0, carried, du, ddelta, dz, da_part,
-                           db_part, dc_part, dd_part, dbias_part, seqlen, dim, dstate, *_strides3(u),
-                           *_strides3(delta), A.stride(0), A.stride(1), *_strides3(B), *_strides3(C),
-                           *_strides3(c_adj), *_strides3(gate),
-                           *_strides3(dout), *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2),
+                           db_part, dc_part, dd_part, dbias_part, seqlen, dim, dstate, *strides3(u),
+                           *strides3(delta), A.stride(0), A.stride(1), *strides3(B), *strides3(C),
+                           *strides3(c_adj), *strides3(gate),
+                           *strides3(dout), *s_strides, db_part.stride(0), db_part.stride(1), db_part.stride(2),
                            n_chunks * dim, dim, **flags, ATOMIC=not deterministic, FLIP_SCAN=flip, **cfg)
     del carried
     dD, dbias = (None if t is None else t.sum((0, 1)) for t in vec_part)
