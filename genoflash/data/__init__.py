@@ -5,6 +5,7 @@ Coordinates are 0-based and half-open everywhere (as in BED and Python slicing).
 | module | what |
 |---|---|
 | ``fasta`` | ``FastaFile``: indexed random access through pyfaidx, soft-mask, N padding |
+| ``examples`` | ``example_fasta(name)``: the small public genomes shipped with the package |
 | ``bed`` | ``read_bed``, ``Interval``, ``resize`` about the centre |
 | ``tokenizer`` | single-nucleotide tokens (PAD=0, MASK, CLS, SEP, A, C, G, T, N) |
 | ``onehot`` | one-hot in ACGT order |
@@ -17,6 +18,7 @@ from .augment import (random_reverse_complement, random_shift, reverse_complemen
                       reverse_complement_one_hot, reverse_complement_str, reverse_complement_tokens)
 from .bed import Interval, read_bed, resize
 from .datasets import IGNORE_INDEX, GenomeWindowDataset, IntervalDataset
+from .examples import EXAMPLES, example_fasta
 from .fasta import FastaFile, UnknownContigError
 from .onehot import one_hot
 from .synthetic import MarkovBackground, MotifGrammar, SyntheticLongRangeDataset, write_fasta_bed
@@ -24,7 +26,7 @@ from .tokenizer import (A_ID, C_ID, CLS_ID, G_ID, MASK_ID, N_ID, PAD_ID, SEP_ID,
                         VOCAB_SIZE, decode, encode)
 
 __all__ = [
-    "FastaFile", "UnknownContigError",
+    "FastaFile", "UnknownContigError", "EXAMPLES", "example_fasta",
     "Interval", "read_bed", "resize",
     "encode", "decode", "VOCAB", "VOCAB_SIZE",
     "PAD_ID", "MASK_ID", "CLS_ID", "SEP_ID", "A_ID", "C_ID", "G_ID", "T_ID", "N_ID",

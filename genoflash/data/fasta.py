@@ -9,7 +9,9 @@ index exists and is current or the directory may be written; otherwise (a read-o
 shared data directory, say) in ``$XDG_CACHE_HOME/genoflash/fai/`` (default
 ``~/.cache/genoflash/fai/``), under a name keyed on the FASTA's absolute path. The FASTA
 itself is never copied. A directory whose permission bits forbid writing counts as
-read-only even for root, so a data directory marked read-only stays untouched.
+read-only even for root, so a data directory marked read-only stays untouched. The example
+genomes shipped with the package (examples.py) are indexed in the cache too: the installed
+package is not a place to write.
 
 A ``FastaFile`` may be pickled into DataLoader workers or inherited through ``fork``: each
 process reopens its own pyfaidx handle on first use, so workers never share a file offset.
@@ -22,7 +24,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyfaidx
+
+from ..extras import require
+from .examples import EXAMPLES_DIR
 
 
 class UnknownContigError(KeyError, ValueError):
@@ -30,6 +34,10 @@ class UnknownContigError(KeyError, ValueError):
 
     def __str__(self) -> str:  # KeyError would print the message with quotes around it
         return str(self.args[0])
+
+
+def _pyfaidx():
+    return require("pyfaidx", "genomics", "reading FASTA files")
 
 
 def default_index_dir() -> Path:
@@ -46,6 +54,8 @@ def _can_write(directory: Path) -> bool:
 def _index_path(fasta: Path, index_dir: Path | None) -> Path:
     """The .fai path for ``fasta``: beside it when possible, else in ``index_dir`` / the cache."""
     beside = fasta.with_name(fasta.name + ".fai")
+    if index_dir is None and fasta.resolve().parent == EXAMPLES_DIR:
+        index_dir = default_index_dir()
     if index_dir is None:
         current = beside.exists() and beside.stat().st_mtime >= fasta.stat().st_mtime
         if current or _can_write(fasta.parent):
@@ -76,18 +86,20 @@ class FastaFile:
         if not self.path.is_file():
             raise FileNotFoundError(f"FASTA file not found: {self.path}")
         self.index_path = _index_path(self.path, None if index_dir is None else Path(index_dir))
-        self._handle: pyfaidx.Fasta | None = None
+        _pyfaidx()  # fail here, with what to install, if pyfaidx is missing
+        self._handle = None  # pyfaidx.Fasta, opened per process on first use
         self._pid = -1
         self.contig_lengths: dict[str, int] = {
             name: len(record) for name, record in self._fasta.records.items()}
 
     @property
-    def _fasta(self) -> pyfaidx.Fasta:
+    def _fasta(self):
         """This process's pyfaidx handle, opened on first use (and again after a fork)."""
         if self._handle is None or self._pid != os.getpid():
+            pyfaidx = _pyfaidx()
             try:
-                self._handle = pyfaidx.Fasta(str(self.path), indexname=str(self.index_path),
-                                             as_raw=True, sequence_always_upper=False)
+                self._handle = pyfaidx.Fasta(str(self.path), indexname=str(self.index_path), as_raw=True,
+                                             sequence_always_upper=False)
             except (pyfaidx.FastaIndexingError, pyfaidx.IndexNotFoundError, ValueError) as err:
                 # ValueError covers duplicate names and UnicodeDecodeError on binary data.
                 raise ValueError(f"malformed FASTA file {self.path}: {err}") from err

@@ -54,10 +54,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import yaml
 from torch.utils.data import Dataset
 
 from ..data import GenomeWindowDataset, MotifGrammar, SyntheticLongRangeDataset
+from ..data.examples import resolve_fasta
+from ..extras import require
 from ..models.dna_lm import DNALM, DNALMConfig
 from .classifier import SequenceClassifier
 
@@ -75,7 +76,8 @@ class TrainConfig:
     """Everything a training run depends on; saved as out_dir/config.yaml."""
 
     task: str = _option("synthetic", "synthetic (long-range classification) or lm (causal LM on a FASTA)")
-    fasta: str | None = _option(None, "FASTA file for the lm task")
+    fasta: str | None = _option(None, "FASTA file for the lm task, or the name of a genome shipped with genoflash "
+                                      "(arabidopsis-chloroplast, yersinia-plasmid, hg38-fragments)")
     dim: int = _option(64, "model width")
     depth: int = _option(2, "number of blocks")
     nheads: int = _option(4, "attention heads")
@@ -171,6 +173,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults, overridden by the YAML file (if any), overridden by the flags given."""
     values: dict = {}
     if args.config:
+        yaml = require("yaml", "train", "--config")
         values = yaml.safe_load(pathlib.Path(args.config).read_text()) or {}
         unknown = set(values) - {f.name for f in dataclasses.fields(TrainConfig)}
         if unknown:
@@ -273,8 +276,9 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
         held_out = SyntheticLongRangeDataset(cfg.eval_samples, cfg.seq_len, cfg.distance,
                                              seed=cfg.seed + 1_000_003, **shape)
         return train, held_out
-    train = GenomeWindowDataset(cfg.fasta, cfg.seq_len, n_train, seed=cfg.seed, objective="clm")
-    held_out = GenomeWindowDataset(cfg.fasta, cfg.seq_len, cfg.eval_samples, seed=cfg.seed + 1_000_003,
+    fasta = resolve_fasta(cfg.fasta)
+    train = GenomeWindowDataset(fasta, cfg.seq_len, n_train, seed=cfg.seed, objective="clm")
+    held_out = GenomeWindowDataset(fasta, cfg.seq_len, cfg.eval_samples, seed=cfg.seed + 1_000_003,
                                    objective="clm")
     return train, held_out
 
@@ -387,6 +391,7 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     main_rank = not cfg.context_parallel or torch.distributed.get_rank() == 0
     if main_rank:  # with context parallelism, rank 0 alone writes logs, checkpoints and plots
         out_dir.mkdir(parents=True, exist_ok=True)
+        yaml = require("yaml", "train", "genoflash train")
         (out_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     if cfg.seq_len_warmup and cfg.task != "lm":
         logger.warning("seq_len_warmup applies to the lm task only (a crop would lose a motif); ignored")

@@ -1,9 +1,10 @@
-"""genoflash.data against real DNA (../shared/data) and independent computations.
+"""genoflash.data against real DNA (the example genomes shipped in genoflash/data/examples/) and
+independent computations.
 
 Expected values come from a tiny FASTA reader written here, from explicit tables and
-literal coordinates, never from the function under test. The shared data directory is
-read-only: every test indexes into a temporary directory, and a guard checks that the
-directory is unchanged afterwards.
+literal coordinates, never from the function under test. The examples directory belongs to the
+installed package: every test indexes into a temporary directory or the cache, and a guard
+checks that the directory is unchanged afterwards.
 """
 
 import gzip
@@ -20,16 +21,16 @@ import torch
 from torch.utils.data import DataLoader
 
 from genoflash.data import (
-    A_ID, C_ID, CLS_ID, G_ID, IGNORE_INDEX, MASK_ID, N_ID, PAD_ID, SEP_ID, T_ID, VOCAB, VOCAB_SIZE,
-    FastaFile, GenomeWindowDataset, Interval, IntervalDataset, MarkovBackground, MotifGrammar,
+    A_ID, C_ID, CLS_ID, EXAMPLES, G_ID, IGNORE_INDEX, MASK_ID, N_ID, PAD_ID, SEP_ID, T_ID, VOCAB, VOCAB_SIZE,
+    FastaFile, example_fasta, GenomeWindowDataset, Interval, IntervalDataset, MarkovBackground, MotifGrammar,
     SyntheticLongRangeDataset, decode, encode, one_hot, random_reverse_complement, random_shift,
     read_bed, resize, reverse_complement, reverse_complement_one_hot, reverse_complement_str,
     reverse_complement_tokens, write_fasta_bed)
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-CHLOROPLAST = DATA / "NC_000932.arabidopsis_chloroplast.fa"
-PLASMID = DATA / "NC_005816.yersinia_pestis_pPCP1.fa"
-HG38 = DATA / "hg38.blat_fragments.fa"
+CHLOROPLAST = example_fasta("arabidopsis-chloroplast")
+PLASMID = example_fasta("yersinia-plasmid")
+HG38 = example_fasta("hg38-fragments")
+DATA = CHLOROPLAST.parent
 CP = "NC_000932.1"
 COMPLEMENT = {"A": "T", "C": "G", "G": "C", "T": "A", "N": "N", "R": "Y", "Y": "R", "S": "S",
               "W": "W", "K": "M", "M": "K", "B": "V", "V": "B", "D": "H", "H": "D"}
@@ -58,11 +59,11 @@ def slow_one_hot(sequence: str, n_value: float) -> np.ndarray:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def shared_data_untouched():
-    assert DATA.is_dir(), f"the shared test data is missing: expected it at {DATA}"
+def example_data_untouched():
+    assert DATA.is_dir(), f"the example genomes are missing: expected them at {DATA}"
     before = sorted(p.name for p in DATA.iterdir())
     yield
-    assert sorted(p.name for p in DATA.iterdir()) == before, "a test wrote into the shared data"
+    assert sorted(p.name for p in DATA.iterdir()) == before, "a test wrote into the package's example data"
 
 
 @pytest.fixture(scope="module")
@@ -165,16 +166,32 @@ def test_malformed_fasta_is_a_value_error_naming_the_file(tmp_path, content):
         FastaFile(path)
 
 
-def test_index_of_read_only_shared_data_goes_to_the_cache(monkeypatch, tmp_path, raw):
-    read_only = not os.access(DATA, os.W_OK) or not DATA.stat().st_mode & 0o222
-    if not read_only:
-        pytest.skip(f"{DATA} is writable here")
+def test_index_of_an_example_genome_goes_to_the_cache(monkeypatch, tmp_path, raw):
+    """The package's own directory is not written, whether or not the installation allows it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     fasta = FastaFile(PLASMID)
     assert fasta.index_path.parent == tmp_path / "genoflash" / "fai" and fasta.index_path.exists()
     assert not (DATA / (PLASMID.name + ".fai")).exists()
     (chrom, seq), = raw[PLASMID.name].items()
     assert fasta.fetch(chrom, 100, 200) == seq[100:200]
+
+
+def test_example_genomes_by_name(tmp_path):
+    """Every bundled genome is where its name says, with the records its README describes; a file
+    path is taken as it is, and an unknown name is an error that lists the known ones."""
+    from genoflash.data.examples import resolve_fasta
+
+    records = {name: read_fasta_text(example_fasta(name)) for name in EXAMPLES}
+    assert {n: len(s) for n, s in records["arabidopsis-chloroplast"].items()} == {"NC_000932.1": 154478}
+    assert [len(s) for s in records["yersinia-plasmid"].values()] == [9609]
+    assert [len(s) for s in records["hg38-fragments"].values()] == [55989, 5685]
+    assert resolve_fasta("yersinia-plasmid") == PLASMID
+    own = _write(tmp_path / "yersinia-plasmid", ">x\nACGT\n")  # a file of that name wins
+    assert resolve_fasta(own) == own
+    with pytest.raises(ValueError, match="unknown example genome 'mouse'.*arabidopsis-chloroplast"):
+        example_fasta("mouse")
+    with pytest.raises(FileNotFoundError, match="nor is it a bundled example"):
+        resolve_fasta(tmp_path / "missing.fa")
 
 
 def test_index_goes_beside_the_fasta_unless_the_directory_is_read_only(monkeypatch, tmp_path):

@@ -2,7 +2,7 @@
 
 Each spawned rank draws the same full inputs (same seed), runs ring attention on its shard,
 and checks its shard of the output and of every gradient against the same shard of the
-fp64 / same-dtype references under the rule (attention_utils). A failure on any rank fails
+fp64 / same-dtype references under the rule (tests/utils.py). A failure on any rank fails
 the test with that rank's traceback.
 """
 
@@ -19,9 +19,9 @@ import torch.multiprocessing as mp
 import genoflash
 from genoflash.distributed import ring_flash_attn_func, shard_positions, shard_sequence, unshard_sequence
 from genoflash.ops.attention.reference import attention_reference
-from genoflash.rotary import apply_rotary, rotary_tables
+from genoflash.ops.rotary import rotary_tables, rotate
 
-from .attention_utils import assert_within_rule, outputs_and_grads, reference_pair
+from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
 
 # (name, backend, dtype, batch, seqlen, nheads, nheads_k, d, dv, features)
 CASES = {
@@ -63,7 +63,7 @@ def _check_case(rank, world, group, case):
 
     def standard(a, b, c):
         if rope:
-            a, b = apply_rotary(a, cos, sin), apply_rotary(b, cos, sin)
+            a, b = rotate(a, cos, sin), rotate(b, cos, sin)
         group_size = a.shape[2] // b.shape[2]
         b, c = b.repeat_interleave(group_size, 2), c.repeat_interleave(group_size, 2)
         return attention_reference(a, b, c, causal=causal, softcap=features.get("softcap", 0.0))[0]
@@ -147,7 +147,7 @@ def test_ring_attention_needs_a_process_group():
 
 # ---------------------------------------------------------------- training integration
 
-FASTA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "NC_005816.yersinia_pestis_pPCP1.fa")
+FASTA = "yersinia-plasmid"  # a genome shipped with genoflash (genoflash/data/examples)
 LM = dict(task="lm", dim=32, depth=2, nheads=2, seq_len=48, batch_size=2, steps=3, eval_samples=2, eval_every=0,
           log_every=1, warmup_steps=1, progress=False, layer_pattern="G", device="cpu")  # gloo ranks: CPU tensors
 
@@ -253,7 +253,7 @@ def _two_gpu_worker(rank, init_file):
 
             def standard(a, b, c):
                 if rope:
-                    a, b = apply_rotary(a, cos, sin), apply_rotary(b, cos, sin)
+                    a, b = rotate(a, cos, sin), rotate(b, cos, sin)
                 b, c = (t.repeat_interleave(nheads // nheads_k, 2) for t in (b, c))
                 return attention_reference(a, b, c, causal=causal)[0]
 
