@@ -9,9 +9,9 @@ import os
 import pathlib
 
 import torch
-from safetensors.torch import load_model, save_model
 from torch import nn
 
+from ..extras import require
 from .dna_lm import DNALM, DNALMConfig
 from .enformer import Enformer, EnformerConfig
 
@@ -33,7 +33,8 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> pathlib.P
     directory.mkdir(parents=True, exist_ok=True)
     config = {"model_type": model_type, **dataclasses.asdict(model.config)}
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    save_model(model, str(directory / WEIGHTS_NAME))  # stores a tied embedding/head once
+    safetensors = require("safetensors.torch", "train", "saving models")
+    safetensors.save_model(model, str(directory / WEIGHTS_NAME))  # stores a tied embedding/head once
     return directory
 
 
@@ -47,5 +48,6 @@ def load_pretrained(directory: str | os.PathLike, device: str | torch.device = "
     config_cls, model_cls = MODEL_TYPES[model_type]
     model = model_cls(config_cls(**fields)).to(device)
     # strict: a missing or unexpected tensor means the file does not match the config.
-    load_model(model, str(directory / WEIGHTS_NAME), strict=True, device=str(device))
+    safetensors = require("safetensors.torch", "train", "loading models")
+    safetensors.load_model(model, str(directory / WEIGHTS_NAME), strict=True, device=str(device))
     return model.eval()
