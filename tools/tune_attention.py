@@ -5,7 +5,7 @@ The forward is timed alone. For the backward, the dK/dV candidates are timed fir
 backward, dQ at its current default), then the dQ candidates with the best dK/dV, so the
 two passes are chosen one after the other. Stops starting new candidates after --budget s.
 
-    python3 benchmarks/tune_attention.py --set dv --budget 200 --json $OUT/tune.json
+    python3 tools/tune_attention.py --set dv --budget 200 --json $OUT/tune.json
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 # Context-parallel ring attention across every GPU of the machine, in one call (a device kind
 # with several GPUs, e.g. nvidia-h200-x2):
 #
-#   GENOFLASH_COMMIT=<sha> bash scripts/gpu_ring.sh [genoflash bench ring options]
+#   GENOFLASH_COMMIT=<sha> bash tools/gpu_ring.sh [genoflash bench ring options]
 #
 # One process per GPU under torchrun, NCCL. Results go to $OUT when set, else benchmarks/results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-source scripts/device_env.sh
+source tools/device_env.sh
 unset TRITON_INTERPRET
 # NVLink multicast stays off: on the shared hosts a program that uses it can take the GPUs out of
 # service (the device tool's KINDS.md). The machines set these; a launcher must not drop them.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The benchmarks on the GPU machine, in one call.
 #
-#   bash scripts/gpu_bench.sh                     # attention (genomic shapes), features and mixers
-#   bash scripts/gpu_bench.sh attention [options] # one benchmark (attention, features, mixers,
+#   bash tools/gpu_bench.sh                     # attention (genomic shapes), features and mixers
+#   bash tools/gpu_bench.sh attention [options] # one benchmark (attention, features, mixers,
 #                                                 # memory), with its `genoflash bench` options
-#   bash scripts/gpu_bench.sh --shapes all        # options only: `bench attention` with them
+#   bash tools/gpu_bench.sh --shapes all        # options only: `bench attention` with them
 #
 # With no benchmark named it runs `bench attention --shapes genomic`, `bench features` and
 # `bench mixers`. On a machine with two or more GPUs, attention runs on GPU 0 while features and
@@ -14,7 +14,7 @@
 # benchmark beside it on the same host reads slower (benchmarks/NOTES.md).
 #
 # Run from the repo root. Uses the image's torch/triton/matplotlib (installs nothing but the
-# carried wheels, scripts/device_carry.sh). flash-attn-4 and Mamba-2's SSD kernels are timed when
+# carried wheels, tools/device_carry.sh). flash-attn-4 and Mamba-2's SSD kernels are timed when
 # they are importable (carry .peers for the latter). Results and one log per benchmark go to $OUT
 # when it is set, else benchmarks/results. Set GENOFLASH_COMMIT to record the commit when the
 # checkout has no .git.
@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-source scripts/device_env.sh
+source tools/device_env.sh
 unset TRITON_INTERPRET
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"

@@ -5,7 +5,7 @@
 # batch per rung for every mixer. The rungs are gpu_demo_ladder.sh's: elements near 19% of the
 # sequence, 16 x 8 sequences per step. At 32 kb full attention learned by step 60 (2026-11-30).
 #
-#   OUT=/some/dir RUNGS="0 1" MIXERS=G,L,H,M bash scripts/gpu_quality_ladder.sh [more demo flags]
+#   OUT=/some/dir RUNGS="0 1" MIXERS=G,L,H,M bash tools/gpu_quality_ladder.sh [more demo flags]
 # (DEVICE=cpu with small --steps, --dim and --batch-size overrides smoke-tests it on a CPU.)
 #
 # Full attention at 32 kb took 352 s and local attention 70 s on an H200 (2026-11-30); at ~1.4M

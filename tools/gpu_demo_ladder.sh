@@ -6,7 +6,7 @@
 # 16 x 4 (benchmarks/NOTES.md), so the rungs keep elements near 19% and grow the effective
 # batch (batch 16 x grad_accum) with the length. Not yet run in this form.
 #
-#   OUT=/some/dir bash scripts/gpu_demo_ladder.sh [more genoflash demo flags]
+#   OUT=/some/dir bash tools/gpu_demo_ladder.sh [more genoflash demo flags]
 set -euo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}/demo-ladder

@@ -6,7 +6,7 @@
 #       SSD kernels beside genoflash's scan: measurement only, never imported by genoflash
 #       (../shared/tools/peers-mixers.md)
 # All are git-ignored (.git/info/exclude, .gitignore). Pass carry=[".whl", ".carry"] to the device
-# call, and ".peers" too for the mixers benchmark; scripts/device_env.sh installs and places them.
+# call, and ".peers" too for the mixers benchmark; tools/device_env.sh installs and places them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
