@@ -1,7 +1,8 @@
-"""Probe: the floor of issue 4's two fused features in Triton on the H200, and a peer's cost.
+"""Experiment: the floor of the two fused features (RoPE, dropout) in Triton on the H200, and a
+peer's cost. docs/design/fused-rope-dropout.md cites its results.
 
-1. RoPE's floor. A minimal Triton forward (fwd_variants_probe.py's TMA kernel: non-causal, no
-   masks, K and V by TMA over 2-D descriptors) in five forms, timed side by side with
+1. RoPE's floor. A minimal Triton forward (non-causal, no masks, K and V by TMA over 2-D
+   descriptors) in five forms, timed side by side with
    genoflash's plain and fused-RoPE forwards:
    - `plain`: q.k as one dot over the head dim;
    - `halves`: the same split into two dots over the NeoX halves (K's halves by TMA), no rotation:
@@ -14,22 +15,20 @@
    - `rotate, tables per tile`: real RoPE, each key tile's table rows by TMA;
    - `rotate in bf16, tables per tile`: the same with the rotation done in bf16 arithmetic.
    Each form is checked against SDPA on q and k rotated the same way (in PyTorch) before it is
-   timed. If `rotate, tables once` already costs far more than 5% over `plain`, the issue's 5%
-   bar is out of reach for any kernel that rotates K in the loop in Triton.
+   timed. If `rotate, tables once` already costs far more than 5% over `plain`, a 5% bar is out
+   of reach for any kernel that rotates K in the loop in Triton.
 2. Dropout's cost in a peer: SDPA's flash backend (flash-attn 2) with dropout_p = 0.1 against 0,
-   forward and fwd+bwd, beside genoflash's own, in one process; and genoflash with
-   deterministic=False and its one-pass backward forced, at three one-pass tiles; and the floor:
-   the minimal forward with genoflash's own keep mask (mask._dropout_keep) against without.
+   forward and fwd+bwd, beside genoflash's own, in one process; and the floor: the minimal
+   forward with genoflash's own keep mask (mask._dropout_keep) against without.
 3. `--parts rope-pass`: fused RoPE against RoPE as a pass of its own (genoflash.apply_rotary_emb)
    followed by attention without RoPE, and the attention layer both ways.
 
-    python benchmarks/fused_cost_probe.py --out fused_cost.json
+    python benchmarks/experiments/attention/fused_cost_probe.py --out fused_cost.json
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -184,7 +183,7 @@ def rope_rows(b, h, n, d, meta):
     from torch.nn.attention import SDPBackend
 
     import genoflash
-    from genoflash.rotary import apply_rotary, rotary_tables
+    from genoflash.ops.rotary import rotary_tables, rotate
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -211,13 +210,13 @@ def rope_rows(b, h, n, d, meta):
     timed("genoflash RoPE (bf16 tables)", lambda: genoflash.flash_attn_func(q, k, v, rotary_cos=cos, rotary_sin=sin))
     refs = {"plain": sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION)}
     refs["halves"] = refs["plain"]
-    qr = apply_rotary(q, cos, sin)
-    refs["rotate, tables per tile"] = sdpa(qr, apply_rotary(k, cos, sin), v, SDPBackend.CUDNN_ATTENTION)
+    qr = rotate(q, cos, sin)
+    refs["rotate, tables per tile"] = sdpa(qr, rotate(k, cos, sin), v, SDPBackend.CUDNN_ATTENTION)
     refs["rotate in bf16, tables per tile"] = refs["rotate, tables per tile"]
     # tables once: key j at position j mod BLOCK_N (one table tile reused for every key tile)
     for bm, bn, w, s in ((128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3)):
         pos = torch.arange(n, device="cuda") % bn
-        refs["rotate, tables once"] = sdpa(qr, apply_rotary(k, cos[pos], sin[pos]), v, SDPBackend.CUDNN_ATTENTION)
+        refs["rotate, tables once"] = sdpa(qr, rotate(k, cos[pos], sin[pos]), v, SDPBackend.CUDNN_ATTENTION)
         for form in FORMS:
             timed(form, lambda: minimal_forward(q, k, v, form, cos, sin, bm, bn, w, s), refs[form],
                   block_m=bm, block_n=bn, num_warps=w, num_stages=s)
@@ -228,7 +227,6 @@ def dropout_rows(b, h, n, d):
     from torch.nn.attention import SDPBackend
 
     import genoflash
-    from genoflash.ops.attention.configs import TileConfig, backward_config
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -236,15 +234,9 @@ def dropout_rows(b, h, n, d):
     flops = 4 * b * h * n * n * d
     rows = []
     impls = {
-        "sdpa-flash (flash-attn 2)": (lambda p: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION, p), None),
-        "genoflash": (lambda p: genoflash.flash_attn_func(q, k, v, dropout_p=p), None),
+        "sdpa-flash (flash-attn 2)": lambda p: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION, p),
+        "genoflash": lambda p: genoflash.flash_attn_func(q, k, v, dropout_p=p),
     }
-    # deterministic=False with the one-pass backward forced, at its table tile and at the tiles
-    # that compile without spills with dropout at sm_90 (offline_compile.py dropout 128 --fused):
-    # one pass regenerates each tile's dropout mask once in the backward where two passes do twice.
-    for tile in ((32, 128, 8, 3), (32, 128, 8, 2), (32, 64, 8, 3)):
-        impls[f"genoflash one-pass {tile[0]}x{tile[1]} w{tile[2]} s{tile[3]}"] = (
-            lambda p: genoflash.flash_attn_func(q, k, v, dropout_p=p, deterministic=False), TileConfig(*tile))
     # The floor: the minimal forward with and without genoflash's keep mask (the same bits as
     # genoflash's forward with this seed and offset, which the output check shows).
     from genoflash.ops.attention.dropout import DropoutArgs
@@ -269,14 +261,10 @@ def dropout_rows(b, h, n, d):
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(json.dumps(row), flush=True)
             rows.append(row)
-    for name, (fn, fused_tile) in impls.items():
+    for name, fn in impls.items():
         for p in (0.0, 0.1):
             row = dict(batch=b, nheads=h, seqlen=n, headdim=d, part="dropout", impl=name, dropout_p=p)
-            overrides = {}
-            if fused_tile is not None:
-                cfg = backward_config(d, d, False, q.dtype, q.device, 0, p > 0, n)
-                overrides = dict(backward=dataclasses.replace(cfg, fused_dkdv=fused_tile), one_pass=True)
-            rows.append(time_fwd_and_fwd_bwd(row, lambda: fn(p), (q, k, v), dout, flops, overrides))
+            rows.append(time_fwd_and_fwd_bwd(row, lambda: fn(p), (q, k, v), dout, flops, {}))
     return rows
 
 

@@ -1,15 +1,16 @@
-"""Probe: the attention backward of the working tree against a baseline copy, same process, same inputs.
+"""Experiment: the attention backward of the working tree against a baseline copy, same process, same inputs.
+(docs/design/attention-backward.md cites its results.)
 
 The baseline is genoflash/ops/attention as of another commit, copied beside the package as
 genoflash/ops/_attention_baseline (not committed; make it with
-`git archive REV genoflash/ops/attention | tar x -O ...`, see DEVELOPERS.md, and carry it to the
-device). Each shape runs the working tree's forward once, then times both backwards with
+`git archive REV genoflash/ops/attention | tar x -C /tmp/bl && mv /tmp/bl/genoflash/ops/attention
+genoflash/ops/_attention_baseline`, listed in .git/info/exclude, and carry it to the device). Each shape runs the working tree's forward once, then times both backwards with
 triton.testing.do_bench (median), alternating twice so drift shows, and checks that they return the
 same gradients (the largest difference relative to the largest gradient). TF/s is useful FLOPs:
 the backward 2.5x the forward's 4·B·H·N²·D (2·(D+Dv) for Dv != D, visible pairs only with a
 window, halved when causal).
 
-    python benchmarks/bwd_ab_probe.py --out X.json [--baseline-commit REV]
+    python benchmarks/experiments/attention/bwd_ab_probe.py --out X.json [--baseline-commit REV]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Probe: the Gluon one-pass backward for Hopper (ops/attention/backward_sm90.py) against the Triton
+"""Experiment: the Gluon one-pass backward for Hopper (ops/attention/backward_sm90.py) against the Triton
 two-pass backward, on one GPU, same inputs.
 
 1. Correctness at small, odd sizes: each backward's gradients against a float64 reference, beside
@@ -9,7 +9,7 @@ two-pass backward, on one GPU, same inputs.
    forward's 4·B·H·N²·D, halved when causal), and cuDNN's and FA2's (SDPA's flash backend) fwd+bwd
    in the same process.
 
-    python benchmarks/sm90_bwd_probe.py --out X.json [--skip-time] [--only NAMES] [--head-dim 64]
+    python benchmarks/experiments/attention/sm90_bwd_probe.py --out X.json [--skip-time] [--only NAMES] [--head-dim 64]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import triton.testing
 from genoflash.ops.attention.args import AttentionArgs
 from genoflash.ops.attention.backward import attention_backward
 from genoflash.ops.attention import backward_sm90
+from genoflash.ops.attention.configs import override_configs
 from genoflash.ops.attention.forward import attention_forward
 from genoflash.ops.attention.reference import attention_reference
 
@@ -152,12 +153,12 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128, choices=sorted(backward_sm90.TILES),
                     help="the checks' head dim")
     args = ap.parse_args()
-    # The checks run the kernel at small sizes, which the dispatch keeps from it.
-    backward_sm90.MIN_SEQLEN = backward_sm90.MIN_SEQLEN_CAUSAL = 0
     rows = []
-    check(rows, args.head_dim)
-    if not args.skip_time:
-        time(rows, args.only)
+    # The checks run the kernel at small sizes, which the dispatch keeps from it.
+    with override_configs(sm90_min_seqlen=0):
+        check(rows, args.head_dim)
+        if not args.skip_time:
+            time(rows, args.only)
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                        timespec="seconds"), torch=torch.__version__, triton=triton.__version__,

@@ -1,6 +1,7 @@
-"""Probe: is the forward at 262,144 tokens slower because K and V no longer fit in L2?
+"""Experiment: is the forward at 262,144 tokens slower because K and V no longer fit in L2?
+(docs/design/attention-forward.md cites its results.)
 
-Measured 2026-11-30 (results/h200-2026-11-30-tma-probe-029ff4f.json): the forward runs at
+Before the key-chunk split, the forward ran at
 556-558 TF/s at H16 N16k and H8 N64k, but 511 at H8 N256k (cuDNN: 610 and 584). One head's K
 and V take 32 MB at 64k, under the H200's 50 MB of L2, and 128 MB at 256k. The guess: at 256k
 the programs of a head drift apart along the keys, their K/V tiles stop being shared in L2, and
@@ -13,13 +14,13 @@ holds and the fix is a split-KV forward for long N; if it runs at 511 like the w
 is elsewhere (then read ncu's L2 hit rate and DRAM throughput at 256k, which this probe also
 leaves room for: `--ncu` runs one plain forward at 256k between cudaProfilerStart/Stop).
 
-    python benchmarks/l2_probe.py --out X.json [--ncu]
+    python benchmarks/experiments/attention/l2_probe.py --out X.json [--ncu]
 
-Measured at 4a904cb: the merge over 65,536-key chunks ran at 546 TF/s against 520 at 256k, and
-ncu read a 63% L2 hit rate there. The probe now also times genoflash's own split
-("genoflash key chunks of N": configs.forward_key_chunk, the state carried between launches;
-at a3eaca5, 568 TF/s over 65,536-key chunks at 256k against 501 whole, so it became the
-default), causal as well, and the default beside them ("whole" is one launch, key_chunk=0).
+The merge over 65,536-key chunks ran at 546 TF/s against 520 at 256k, and ncu read a 63% L2
+hit rate there. The probe also times genoflash's own split ("genoflash key chunks of N":
+configs.forward_key_chunk, the state carried between launches; 568 TF/s over 65,536-key chunks
+at 256k against 501 whole, so it became the default), causal as well, and the default beside
+them ("whole" is one launch, key_chunk=0).
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
-"""Same-process A/B of the Hyena layer between two genoflash trees (a research probe, GPU only).
+"""Experiment: same-process A/B of the Hyena layer between two genoflash trees (GPU only).
+(docs/design/hyena.md cites its results.)
 
 At 16k tokens the layer is bound by host time, and that time moves by +-20% from one process to
-the next on the device machine (benchmarks/NOTES.md, thirteenth session): runs of `bench mixers`
+the next on the device machine: runs of `bench mixers`
 on the same code read 3.6 to 5.3 ms. Two trees timed in separate processes therefore compare
 nothing. This probe imports both in one process and alternates them round by round, so that a
 process's luck falls on both alike.
 
 The baseline tree is a copy of the package under another name, e.g. from the repo root:
     mkdir -p .carry/ab && git archive REV genoflash | tar -x -C .carry/ab --transform 's/^genoflash/genoflash_base/'
-    python benchmarks/hyena_ab.py --baseline-path .carry/ab --out ab.json
+    python benchmarks/experiments/hyena/hyena_ab.py --baseline-path .carry/ab --out ab.json
 (genoflash imports itself relatively throughout, so the renamed copy is self-contained.)
 
 Per round and tree, two figures at each N: `do_bench` (the median of 50 L2-flushed calls, as
