@@ -35,10 +35,10 @@ from .trainer import TrainConfig, resolve_device, train
 # grad_accum: micro-batches of batch_size per optimizer step (the effective batch is the product).
 CPU_DEFAULTS = dict(seq_len=224, distance=112, sites=4, spacer=0, margin=16, window_size=8, steps=300,
                     batch_size=16, grad_accum=1, dim=128)
-# At 32 kb, 64 sites (1,280-bp elements) with 600 steps of 8 stayed at chance on an H200
-# (2026-11-29). Elements at ~19% of the sequence (384 sites, 6,144 bp) and 16 x 8 sequences
-# per step learned: full attention reached held-out accuracy 1.0 by step 60 of 100 on the H200
-# (2026-11-30, scripts/gpu_demo_ladder.sh), at ~1.3M tokens/s and 8.6 GiB.
+# At 32 kb, 64 sites (1,280-bp elements) with 600 steps of 8 stayed at chance on an H200.
+# Elements at ~19% of the sequence (384 sites, 6,144 bp) and 16 x 8 sequences per step learned:
+# full attention reached held-out accuracy 1.0 by step 60 of 100 on the H200
+# (tools/gpu_demo_ladder.sh), at ~1.3M tokens/s and 8.6 GiB (docs/performance.md).
 GPU_DEFAULTS = dict(seq_len=32768, distance=16384, sites=384, spacer=0, margin=512, window_size=1024, steps=100,
                     batch_size=16, grad_accum=8, dim=128)
 QUICK = dict(seq_len=192, distance=96, sites=2, spacer=0, margin=16, window_size=4, steps=6, batch_size=4,
