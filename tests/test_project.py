@@ -41,13 +41,13 @@ def test_readme_signatures_match_the_functions():
 
 
 STUB_PYTHON = """#!/usr/bin/env bash
-# Stands in for python3 in scripts/gpu_tests.sh: the environment report, pip, and pytest, whose
-# arguments and CUDA_VISIBLE_DEVICES it prints; it fails when asked to run tests/test_masking.py.
+# Stands in for python3 in tools/gpu_tests.sh: the environment report, pip, and pytest, whose
+# arguments and CUDA_VISIBLE_DEVICES it prints; it fails when asked to run the masking tests.
 if [[ "$1" == "-" ]]; then cat > /dev/null; echo "device stub"; exit 0; fi
 if [[ "$1 $2" == "-m pip" ]]; then exit 0; fi  # device_env.sh installing carried wheels, where there are any
 if [[ "$1 $2" == "-m pytest" ]]; then
     echo "pytest on $CUDA_VISIBLE_DEVICES: ${*:3}"
-    if [[ "$*" == *tests/test_masking.py* ]]; then echo "1 failed, 2 passed"; exit 1; fi
+    if [[ "$*" == *tests/ops/attention/test_masking.py* ]]; then echo "1 failed, 2 passed"; exit 1; fi
     echo "3 passed"; exit 0
 fi
 exit 2
@@ -64,14 +64,14 @@ def _run_gpu_script(tmp_path, env_extra, *args):
     (bin_dir / "python3").chmod(0o755)
     out = tmp_path / "missing" / "out"  # a folder that does not exist yet: the script makes it
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(out), **env_extra}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_tests.sh"), *args], env=env, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_tests.sh"), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     return proc, out
 
 
 def test_gpu_script_runs_pytest_into_a_new_out_folder(tmp_path):
     """The first call of 2026-11-30 ran no test: OUT did not exist and tee ended the script."""
-    proc, out = _run_gpu_script(tmp_path, {}, "tests/test_attention.py")
+    proc, out = _run_gpu_script(tmp_path, {}, "tests/ops/attention/test_attention.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pytest on" in (out / "gpu_tests.log").read_text() and "3 passed" in proc.stdout
 
@@ -82,6 +82,6 @@ def test_gpu_script_split_runs_every_file_once_and_fails_with_either_half(tmp_pa
     first, second = ((out / half / "gpu_tests.log").read_text() for half in ("gpu0", "gpu1"))
     assert "pytest on 0,1:" in first and "pytest on 1:" in second
     assert "3 passed" in proc.stdout and "1 failed" in proc.stdout
-    ran = re.findall(r"tests/test_\w+\.py", first + second)
-    files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py"))
+    ran = re.findall(r"tests/[\w/]*test_\w+\.py", first + second)
+    files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py"))
     assert sorted(ran) == files  # each test file in exactly one half

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite on a CUDA GPU, in one call (on the H200 through the device tool:
 # `bash tools/gpu_tests.sh`). The GPU image already has torch, triton and pytest-xdist;
-# what it lacks (pyfaidx) and ../shared/data are carried: run tools/device_carry.sh here and pass
-# carry=[".whl", ".carry"]. Without TRITON_INTERPRET the `triton` backend runs compiled, bf16 is
-# added to every dtype grid, and the GPU-only scale tests (tests/test_gpu_scale.py) run.
+# what it lacks (pyfaidx) is carried: run tools/device_carry.sh here and pass carry=[".whl"].
+# Without TRITON_INTERPRET the `triton` backend runs compiled, bf16 is added to every dtype grid,
+# and the GPU-only scale tests (tests/ops/attention/test_gpu_scale.py) run.
 # With $OUT set, the log and a JUnit report are written there. Arguments go to pytest, e.g.
-# `bash tools/gpu_tests.sh tests/test_attention.py` for one file.
+# `bash tools/gpu_tests.sh tests/ops/attention` for one area.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-source tools/device_env.sh  # carried wheels (pyfaidx) and ../shared/data, if carried
+source tools/device_env.sh  # carried wheels (pyfaidx), if carried
 unset TRITON_INTERPRET
 # NVLink multicast stays off on multi-GPU machines (the device tool's KINDS.md); the NCCL tests'
 # spawned ranks inherit this.
@@ -26,12 +26,13 @@ print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton
       f"cuda {torch.version.cuda}  commit {commit or 'unknown'}")
 PY
 # GENOFLASH_GPU_SPLIT=2 (no arguments; two GPUs): the suite in two halves side by side, ~8 min
-# instead of ~14. GPU 0 takes the model, training, Hyena, benchmark and distributed files (with
+# instead of ~14. GPU 0 takes the model, training, Hyena, benchmark and distributed tests (with
 # GPU 1 visible too, so that the two-rank NCCL tests run); GPU 1 takes every other file. Logs go to
 # $OUT/gpu0 and $OUT/gpu1; the exit status fails if either half fails.
 if [[ "${GENOFLASH_GPU_SPLIT:-0}" == 2 && $# -eq 0 ]]; then
-    first=(tests/test_models.py tests/test_train.py tests/test_hyena.py tests/test_bench.py tests/test_distributed.py)
-    mapfile -t second < <(ls tests/test_*.py | grep -v -x -F -f <(printf '%s\n' "${first[@]}"))
+    mapfile -t first < <(find tests/models tests/train tests/ops/hyena tests/bench tests/distributed \
+        -name 'test_*.py' | sort)
+    mapfile -t second < <(find tests -name 'test_*.py' | sort | grep -v -x -F -f <(printf '%s\n' "${first[@]}"))
     self="$PWD/tools/gpu_tests.sh"
     CUDA_VISIBLE_DEVICES=0,1 OUT="$out_dir/gpu0" GENOFLASH_GPU_SPLIT=0 \
         GENOFLASH_TEST_WORKERS="${GENOFLASH_TEST_WORKERS:-6}" bash "$self" "${first[@]}" > "$out_dir/gpu0.out" 2>&1 &
