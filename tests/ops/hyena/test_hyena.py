@@ -1,8 +1,9 @@
 """Hyena: `fftconv` against the direct-sum reference (outputs and gradients), what its autograd
 saves, its input checks, and the `HyenaOperator` layer (shapes, causality, the filter cache).
 Then the channels-first pieces the layer runs on: `fftconv_channels_first` (against the
-reference and against `fftconv`), the short convolution, the layout-crossing projections, and
-the layer against the same computation written channels-last. Tests marked by `backend` run
+reference and against `fftconv`), and the layer against the same computation written
+channels-last. (The short convolution and the layout-crossing projections, which the Mamba block
+shares, are tested in tests/ops/common.) Tests marked by `backend` run
 each of genoflash's backends: on a CPU, `triton` runs the kernels under the interpreter.
 
 Accuracy is measured as the relative error ||y - ref|| / ||ref|| against the float64 direct
@@ -18,10 +19,7 @@ from genoflash.layers.hyena import HyenaFilter, HyenaOperator
 from genoflash.ops.hyena import fftconv, fftconv_channels_first, long_conv_reference
 from genoflash.ops.hyena import staging
 from genoflash.ops.hyena.fftconv import fft_size
-from genoflash.ops.common.projection import project_from_channels_first, project_to_channels_first
-from genoflash.ops.common.short_conv import depthwise_conv1d, short_conv, short_conv_reference
 
-from tests.utils import HAS_CUDA
 
 FP32_TOL = 2e-6  # measured up to 3e-7 at seqlen 1000
 BACKENDS = ["torch", "triton"]  # on a CPU, triton runs the staging kernels under the interpreter
@@ -507,84 +505,6 @@ def test_a_channels_last_tensor_is_not_read_as_channels_first():
     x, h, _ = conv_inputs(1, 16, 3, True)
     with pytest.raises(ValueError, match="h has 3 channels but x has 16"):
         fftconv_channels_first(x, h)
-
-
-# ---------------------------------------------------------------- short convolution
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else []), ids=str)
-@pytest.mark.parametrize("taps, left", [(1, 0), (3, 2), (3, 1), (4, 1), (4, 3), (5, 2)])
-@pytest.mark.parametrize("seqlen", [1, 5, 70])
-@pytest.mark.parametrize("activation", [None, "silu"])
-def test_short_conv_matches_conv1d(seqlen, taps, left, activation, dtype, device, poison_allocations):
-    """The Triton kernel (interpreted on a CPU) against nn.functional's conv1d on a padded copy,
-    with and without each bias, on a channel slice of a wider tensor, with and without the fused
-    SiLU (Mamba's conv): every output and gradient, in float64, within the rounding of the dtype's
-    output."""
-    gen = torch.Generator().manual_seed(seqlen * 10 + taps)
-    wide = torch.randn(2, 9, seqlen, generator=gen)
-    w, b, ib = torch.randn(4, taps, generator=gen), torch.randn(4, generator=gen), torch.randn(4, generator=gen)
-    dy = torch.randn(2, 4, seqlen, generator=gen)
-    for bias, input_bias in ((None, None), (b, ib)):
-        x = wide.to(device, dtype)[:, 2:6].requires_grad_()
-        args = [t.to(device, dtype).requires_grad_() for t in (w, *(() if bias is None else (bias,)))]
-        ib_ = None if input_bias is None else input_bias.to(device).requires_grad_()  # float32 whatever x's dtype
-        y = short_conv(x, args[0], args[1] if bias is not None else None, left, ib_,
-                       interpreted=not HAS_CUDA, activation=activation)
-        inputs = [x, *args, *(() if ib_ is None else (ib_,))]
-        grads = torch.autograd.grad(y, inputs, dy.to(device, dtype))
-        ref_in = [t.detach().double().requires_grad_() for t in inputs]
-        ref = short_conv_reference(ref_in[0], ref_in[1], ref_in[2] if bias is not None else None, left,
-                                   ref_in[-1] if ib_ is not None else None, activation)
-        ref_grads = torch.autograd.grad(ref, ref_in, dy.to(device).double())
-        assert y.is_contiguous() and y.dtype == dtype and grads[0].is_contiguous()
-        tol = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
-        # dw, dbias and dinput_bias are sums over (batch, time): their rounding grows as the root
-        # of the number of terms (2 x 70 here; with the SiLU the terms no longer cancel as plain
-        # dy's do).
-        summed = (2 * seqlen) ** 0.5
-        for name, g, r in zip(["y", "dx", "dw", "dbias", "dinput_bias"], [y, *grads], [ref, *ref_grads]):
-            bound = tol * max(1.0, r.abs().max().item()) * (summed if name.startswith("dw") or "bias" in name else 1)
-            assert (g.double() - r).abs().max() <= bound, name
-
-
-def test_short_conv_rejects_bad_arguments():
-    x, w = torch.randn(1, 3, 8), torch.randn(3, 3)
-    with pytest.raises(ValueError, match="left must be in"):
-        short_conv(x, w, None, 3, interpreted=True)
-    with pytest.raises(ValueError, match="expected x"):
-        short_conv(x, w[:2], None, 1, interpreted=True)
-    with pytest.raises(TypeError, match="share one dtype"):
-        short_conv(x, w.double(), None, 1, interpreted=True)
-    with pytest.raises(ValueError, match="input_bias must be"):
-        short_conv(x, w, None, 1, torch.randn(2), interpreted=True)
-    with pytest.raises(ValueError, match="activation must be one of"):
-        short_conv(x, w, None, 1, interpreted=True, activation="gelu")
-    with genoflash.use_backend("torch"), pytest.raises(ValueError, match="activation must be one of"):
-        depthwise_conv1d(x, w, None, 1, activation="gelu")  # the torch backend's path, the reference
-
-
-# ---------------------------------------------------------------- projections across the layout
-
-@pytest.mark.parametrize("batch", [1, 3])
-def test_projections_are_linear_layers_with_gradients_in_each_input_layout(batch):
-    torch.manual_seed(0)
-    u, w_in = torch.randn(batch, 11, 5, dtype=torch.float64, requires_grad=True), torch.randn(7, 5, dtype=torch.float64,
-                                                                                              requires_grad=True)
-    w_out, b_out = (torch.randn(4, 7, dtype=torch.float64, requires_grad=True),
-                    torch.randn(4, dtype=torch.float64, requires_grad=True))
-    z = project_to_channels_first(u, w_in)
-    assert z.shape == (batch, 7, 11) and z.is_contiguous()
-    y = project_from_channels_first(z, w_out, b_out)
-    assert y.shape == (batch, 11, 4) and y.is_contiguous()
-    ref = F.linear(F.linear(u, w_in), w_out, b_out)
-    torch.testing.assert_close(y, ref)
-    dy = torch.randn_like(ref)
-    grads = torch.autograd.grad(y, (u, w_in, w_out, b_out), dy)
-    for g, r in zip(grads, torch.autograd.grad(ref, (u, w_in, w_out, b_out), dy)):
-        torch.testing.assert_close(g, r)
-    assert grads[0].is_contiguous()  # u's gradient in u's layout, not a transposed view
-    dz = torch.autograd.grad(project_from_channels_first(z.detach().requires_grad_(), w_out, None), w_out, dy)
-    assert dz[0].shape == w_out.shape
 
 
 # ---------------------------------------------------------------- the layer, channels-first inside
