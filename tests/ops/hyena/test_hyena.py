@@ -20,7 +20,6 @@ from genoflash.ops.hyena import fftconv, fftconv_channels_first, long_conv_refer
 from genoflash.ops.hyena import staging
 from genoflash.ops.hyena.fftconv import fft_size
 
-
 FP32_TOL = 2e-6  # measured up to 3e-7 at seqlen 1000
 BACKENDS = ["torch", "triton"]  # on a CPU, triton runs the staging kernels under the interpreter
 FP64_TOL = 1e-12
