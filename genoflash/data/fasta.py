@@ -51,14 +51,18 @@ def _can_write(directory: Path) -> bool:
     return os.access(directory, os.W_OK) and bool(directory.stat().st_mode & 0o222)
 
 
+def _current(index: Path, fasta: Path) -> bool:
+    """Whether an index exists and is no older than its FASTA."""
+    return index.exists() and index.stat().st_mtime >= fasta.stat().st_mtime
+
+
 def _index_path(fasta: Path, index_dir: Path | None) -> Path:
     """The .fai path for ``fasta``: beside it when possible, else in ``index_dir`` / the cache."""
     beside = fasta.with_name(fasta.name + ".fai")
     if index_dir is None and fasta.resolve().parent == EXAMPLES_DIR:
         index_dir = default_index_dir()
     if index_dir is None:
-        current = beside.exists() and beside.stat().st_mtime >= fasta.stat().st_mtime
-        if current or _can_write(fasta.parent):
+        if _current(beside, fasta) or _can_write(fasta.parent):
             return beside
         index_dir = default_index_dir()
     index_dir = Path(index_dir)
@@ -98,6 +102,8 @@ class FastaFile:
         if self._handle is None or self._pid != os.getpid():
             pyfaidx = _pyfaidx()
             try:
+                if not _current(self.index_path, self.path):
+                    self._build_index(pyfaidx)
                 self._handle = pyfaidx.Fasta(str(self.path), indexname=str(self.index_path), as_raw=True,
                                              sequence_always_upper=False)
             except (pyfaidx.FastaIndexingError, pyfaidx.IndexNotFoundError, ValueError) as err:
@@ -105,6 +111,17 @@ class FastaFile:
                 raise ValueError(f"malformed FASTA file {self.path}: {err}") from err
             self._pid = os.getpid()
         return self._handle
+
+    def _build_index(self, pyfaidx) -> None:
+        """Write the .fai under a name of this process's own, then rename it into place: processes
+        that index one file at once (DataLoader workers, test workers, ranks sharing a cache) each
+        see a whole index or none, never a half-written one."""
+        partial = self.index_path.with_name(f"{self.index_path.name}.{os.getpid()}.{os.urandom(4).hex()}.partial")
+        try:
+            pyfaidx.Fasta(str(self.path), indexname=str(partial), as_raw=True).close()
+            os.replace(partial, self.index_path)
+        finally:
+            partial.unlink(missing_ok=True)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_handle": None, "_pid": -1}

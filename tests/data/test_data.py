@@ -194,6 +194,48 @@ def test_example_genomes_by_name(tmp_path):
         resolve_fasta(tmp_path / "missing.fa")
 
 
+def _fetch_in_a_fresh_process(path: str, index_dir: str) -> str:
+    fasta = FastaFile(path, index_dir=index_dir)
+    return fasta.fetch(fasta.contigs[0], 4000, 4100)
+
+
+def test_processes_indexing_one_file_at_once_each_read_a_whole_index(tmp_path):
+    """Indexes are written under a private name and renamed into place, so processes that index the
+    same FASTA together (DataLoader or test workers, ranks sharing a cache) never read a partial one."""
+    import multiprocessing
+
+    index_dir = tmp_path / "fai"
+    index_dir.mkdir()
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        got = pool.starmap(_fetch_in_a_fresh_process, [(str(PLASMID), str(index_dir))] * 8)
+    (chrom, seq), = read_fasta_text(PLASMID).items()
+    assert got == [seq[4000:4100]] * 8
+    assert [p.name for p in index_dir.iterdir()] == [FastaFile(PLASMID, index_dir=index_dir).index_path.name]
+
+
+def test_an_index_build_cut_short_leaves_no_index_behind(monkeypatch, tmp_path):
+    """A process killed while pyfaidx writes the index (stood in for by a build that writes half an
+    index and raises) leaves nothing at the index's path: the next open builds a whole one, rather
+    than taking the half one for current."""
+    import pyfaidx
+
+    index_dir = tmp_path / "fai"
+    real = pyfaidx.Fasta
+
+    def cut_short(path, indexname, **kwargs):
+        Path(indexname).write_text("gi|45478711|ref|NC_005816.1|\t9609\t")  # half a line
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pyfaidx, "Fasta", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        FastaFile(PLASMID, index_dir=index_dir)
+    assert list(index_dir.iterdir()) == []
+    monkeypatch.setattr(pyfaidx, "Fasta", real)
+    fasta = FastaFile(PLASMID, index_dir=index_dir)
+    (chrom, seq), = read_fasta_text(PLASMID).items()
+    assert fasta.fetch(chrom, 9000, 9609) == seq[9000:]
+
+
 def test_index_goes_beside_the_fasta_unless_the_directory_is_read_only(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     writable = tmp_path / "writable"
