@@ -7,9 +7,9 @@ device call is spent on them. The kernels are compiled, never run: outputs are g
     python tools/offline_compile.py CASE [D [DV]] [--fwd BM,BN,WARPS,STAGES] [--dkdv ...] [--dq ...]
 
 CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mamba (the
-selective scan's backward; --channels-first: its channels-first kernels; --sequential-forward: the
-forward's kernels), rotary (the rotary pass) or hyena (the short convolution and the FFT staging
-kernels); --fwd/--dkdv/--dq force tiles; --sass DIR writes each kernel's SASS (and its PTX beside
+selective scan's forward and backward; --channels-first: on channels-first inputs (the Mamba block's
+layout); --sequential-forward: the forward's kernels alone, with dstate = D); --fwd/--dkdv/--dq force
+tiles; --sass DIR writes each kernel's SASS (and its PTX beside
 it); --no-tma keeps pointer loads where TMA descriptors would apply; --sm90-backward compiles the
 Gluon one-pass backward (backward_sm90.py; its compute warps run at 240 registers, so ptxas's
 count is the launch's, and a spill is what to look for); --dq-rope-tma: RoPE's dQ pass with K and
@@ -19,7 +19,7 @@ group split over programs). A kernel whose wgmma ptxas serialized (note C7515: n
 pipelining) is marked WGMMA-SERIALIZED.
 
 A change meant to keep the machine code as it is (Python moved, a helper renamed) is checked by
-writing --sass before and after and comparing the files: tools/sass_diff.sh runs a set of cases
+writing --sass before and after and comparing the files: tools/sass_identity.py runs a set of cases
 for two trees.
 """
 
@@ -198,12 +198,11 @@ def main(argv):
     parser.add_argument("--heads-per-split", type=int,
                         help="GQA: query heads per dK/dV program (configs.dkdv_group_split), e.g. 1 with --gqa")
     parser.add_argument("--sequential-forward", action="store_true",
-                        help="mamba: forward.py's kernels (pass 1 and the output pass), dstate = D (the "
-                             "positional argument); channels-first inputs with --channels-first")
-    parser.add_argument("--sequential-backward", action="store_true",
-                        help="mamba: with --sequential-forward, backward.py's kernels too (states every 16 steps)")
+                        help="mamba: forward.py's kernels alone (pass 1 and the output pass), dstate = D (the "
+                             "positional argument)")
     parser.add_argument("--channels-first", action="store_true",
-                        help="mamba: the state-loop kernels of scan_channels_first.py on channels-first inputs")
+                        help="mamba: channels-first inputs (the backward's state-loop kernels, "
+                             "backward_channels_first.py)")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     JITFunction.run = _compile_only
@@ -238,31 +237,23 @@ def main(argv):
         cos, sin = rotary_tables(n, rotary_dim, dtype=torch.float32)
         kw = dict(rotary_cos=cos, rotary_sin=sin, dropout_p=0.1)
     if case == "mamba":  # the selective scan's kernels at Mamba's usual sizes (d_inner 512, dstate 16)
-        from genoflash.ops.mamba import scan as row_major_scan, scan_channels_first
+        from genoflash.ops.mamba import backward, backward_channels_first, forward
         # As the Mamba layer calls them: 16-bit u, delta, z, B, C, with D, delta_bias and the softplus.
         # 1,024 steps: with channels-first inputs a length that is a multiple of 8 is what lets
         # Triton vectorise the loads along time (and keep 8 steps in each thread).
         u, delta, z = (torch.randn(1, 1024, 512, dtype=torch.bfloat16) for _ in range(3))
-        scan = row_major_scan
-        if args.channels_first:  # the state-loop kernels, on (batch, dim, seqlen) memory
-            scan = scan_channels_first
+        kernels = backward
+        if args.channels_first:  # (batch, dim, seqlen) memory: the backward's state-loop kernels
+            kernels = backward_channels_first
             u, delta, z = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (u, delta, z))
         dstate = args.d if args.sequential_forward else 16
         A = -torch.rand(512, dstate)
         B, C = (torch.randn(1, 1024, dstate, dtype=torch.bfloat16) for _ in range(2))
         extras = dict(D=torch.ones(512), z=z, delta_bias=torch.rand(512), softplus=True)
-        if args.sequential_forward:  # forward.py's kernels only (layout by --channels-first), dstate = D
-            from genoflash.ops.mamba import forward
-            if args.sequential_backward:
-                from genoflash.ops.mamba import backward
-                y, h, _ = forward.scan_forward(u, delta, A, B, C, **extras, state_every=backward.STATE_EVERY)
-                backward.scan_backward(torch.randn_like(y), u, delta, A, B, C, h, **extras)
-            else:
-                forward.scan_forward(u, delta, A, B, C, **extras)
-        else:
-            y, h0, decay = scan.scan_forward(u, delta, A, B, C, **extras)
-            scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, **extras)
-            scan.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False, **extras)
+        y, h0, decay = forward.scan_forward(u, delta, A, B, C, **extras)
+        if not args.sequential_forward:
+            kernels.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, **extras)
+            kernels.scan_backward(torch.randn_like(y), u, delta, A, B, C, h0, decay, deterministic=False, **extras)
         seen_kernels: dict[str, int] = {}
         for name, warps, stages, kernel in COMPILED:
             print(f"mamba {name:<32} warps {warps} shared {kernel.metadata.shared:>7} {ptxas_report(kernel)}")
