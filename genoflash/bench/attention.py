@@ -14,16 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import importlib.metadata
-import json
-import platform
-import re
 import signal
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -33,7 +26,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import flash_attn_func, use_backend
-from .records import git_commit
+from .common import (RESULTS_DIR, attention_flops, dist_version, free_cached_memory, pyplot, relative_error,
+                     results_stem, run_stamp, save_figure, time_and_peak, timed_call, title_stamp, tflops,
+                     versions, write_json)
 
 AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -63,8 +58,8 @@ class Shape:
                 f"{'causal' if self.causal else 'noncausal'}")
 
     def flops(self, mode: str) -> float:
-        fwd = 4 * self.batch * self.nheads * self.seqlen**2 * self.headdim / (2 if self.causal else 1)
-        return fwd * (3.5 if mode == "fwd_bwd" else 1.0)
+        return attention_flops(self.batch, self.nheads, self.seqlen, self.headdim, self.causal,
+                               backward=mode == "fwd_bwd")
 
 
 def _both_causal(shapes: list[tuple[int, int, int, int]]) -> list[Shape]:
@@ -122,7 +117,7 @@ def _sdpa(backend: SDPBackend) -> Callable[[Shape, torch.device], AttnFn]:
 
 
 @functools.cache
-def _compiled_flex():
+def compiled_flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     # Each shape compiles its own graph; the default limit (8) would silently fall back to eager.
     torch._dynamo.config.recompile_limit = 256
@@ -134,7 +129,7 @@ def _causal_mask(b, h, q_idx, kv_idx):
 
 
 def _flex(shape: Shape, device: torch.device) -> AttnFn:
-    flex, block_mask = _compiled_flex()
+    flex, block_mask = compiled_flex()
     n = shape.seqlen
     mask = block_mask(_causal_mask, None, None, n, n, device=device) if shape.causal else None
 
@@ -185,54 +180,12 @@ def _describe(e: BaseException, notes: Sequence[str] = ()) -> str:
     return f"{type(e).__name__}: {' | '.join(lines)}"[:300]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _free(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=25, rep=200, return_mode="median")
-    return statistics.median(_wall_ms(fn) for _ in range(3))
-
-
-def _wall_ms(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
-def _peak_gib(fn: Callable[[], object], device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()  # the peak restarts from what is allocated now: the inputs
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / 2**30
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
 def _first_call(fn: AttnFn, q, k, v, dout, device) -> tuple[torch.Tensor | None, dict]:
     """genoflash's first forward and backward on this shape, JIT compilation included."""
     try:
-        _sync(device)
-        start = time.perf_counter()
-        out = fn(q, k, v)
-        _sync(device)
-        fwd_s = time.perf_counter() - start
-        torch.autograd.grad(out, (q, k, v), dout)
-        _sync(device)
-        return out.detach(), {"fwd_s": fwd_s, "bwd_s": time.perf_counter() - start - fwd_s}
+        out, fwd_s = timed_call(lambda: fn(q, k, v), device)
+        _, bwd_s = timed_call(lambda: torch.autograd.grad(out, (q, k, v), dout), device)
+        return out.detach(), {"fwd_s": fwd_s, "bwd_s": bwd_s}
     except Exception as e:
         return None, {"error": _describe(e)}
 
@@ -252,7 +205,7 @@ def _check(provider: Provider, shape: Shape, q, k, v, ref) -> tuple[AttnFn | Non
             return None, {"status": "error", "error": _describe(e, notes)}
     if ref is None:
         return fn, {"rel_err": None, "error": "unchecked: genoflash failed"}
-    err = _rel_err(out, ref)
+    err = relative_error(out, ref)
     if not err < REL_TOL:  # also catches NaN
         return None, {"status": "failed check", "rel_err": err}
     return fn, {"rel_err": err}
@@ -264,17 +217,16 @@ def _measure(fn: AttnFn, shape: Shape, q, k, v, dout) -> dict:
     rec: dict = {"status": "ok"}
     for mode, call in calls.items():
         try:
-            call()  # warm-up: compilation and autotuning stay out of the peak and the timing
-            rec[f"{mode}_peak_gib"] = _peak_gib(call, q.device)
-            ms = _time_ms(call, q.device)
-            rec[f"{mode}_ms"] = ms
-            rec[f"{mode}_tflops"] = shape.flops(mode) / (ms * 1e-3) / 1e12
+            timed = time_and_peak(call, q.device)
+            rec[f"{mode}_peak_gib"] = timed["peak_gib"]
+            rec[f"{mode}_ms"] = timed["ms"]
+            rec[f"{mode}_tflops"] = tflops(shape.flops(mode), timed["ms"])
         except Exception as e:
             rec["status"] = "error" if mode == "fwd" else "fwd only"
             rec["error"] = _describe(e)
             break
         finally:
-            _free(q.device)
+            free_cached_memory(q.device)
     return rec
 
 
@@ -289,9 +241,9 @@ def run_shape(shape: Shape, providers: list[Provider], genoflash_backend: str,
         fn, results[p.name] = _check(p, shape, q, k, v, ref)
         if fn is not None:
             timed[p.name] = fn
-        _free(device)
+        free_cached_memory(device)
     del ref  # keep genoflash's output out of everyone's peak memory
-    _free(device)
+    free_cached_memory(device)
     for name, fn in timed.items():
         results[name].update(_measure(fn, shape, q, k, v, dout))
     return {**dataclasses.asdict(shape), "genoflash_first_call": first_call, "results": results}
@@ -299,29 +251,12 @@ def run_shape(shape: Shape, providers: list[Provider], genoflash_backend: str,
 
 # ---------------------------------------------------------------- metadata and output
 
-def _dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return None
-
-
-def metadata(device: torch.device, args: argparse.Namespace, now: datetime.datetime) -> dict:
+def metadata(device: torch.device, args: argparse.Namespace) -> dict:
     cuda = device.type == "cuda"
     return {
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "date": now.isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "triton": _dist_version("triton"),
-            "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "flash_attn_4": _dist_version("flash-attn-4", "flash-attn-cute", "flash-attn"),
-        },
+        **run_stamp(device),
+        "versions": {**versions(device),
+                     "flash_attn_4": dist_version("flash-attn-4", "flash-attn-cute", "flash-attn")},
         "method": METHOD if cuda else "dry run: time.perf_counter median of 3 calls on the CPU",
         "dtype": args.dtype,
         "shapes": "dry-run" if args.dry_run else args.shapes + (" (quick)" if args.quick else "") + "".join(
@@ -331,16 +266,8 @@ def metadata(device: torch.device, args: argparse.Namespace, now: datetime.datet
     }
 
 
-def _stem(device_name: str, now: datetime.datetime, tag: str | None) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower().replace("nvidia", "")).strip("-")
-    return f"{slug}-{now:%Y-%m-%d}" + (f"-{tag}" if tag else "")
-
-
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     shapes = report["shapes"]
     panels = sorted({(s["headdim"], s["causal"]) for s in shapes})
     fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels), 7), squeeze=False)
@@ -367,11 +294,8 @@ def plot(report: dict, path: Path) -> None:
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
                bbox_to_anchor=(0.5, -0.03), frameon=False)
     meta = report["metadata"]
-    fig.suptitle(f"attention {meta['dtype']} on {meta['device']}  ({meta['date'][:10]}, "
-                 f"{meta['git_commit'][:32]})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    fig.suptitle(f"attention {meta['dtype']} on {title_stamp(meta)}")
+    save_figure(fig, path)
 
 
 def _fmt(x: float | None, width: int, spec: str) -> str:
@@ -410,7 +334,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--providers", help="comma-separated subset of: " + ", ".join(
         p.name for p in make_providers("triton")))
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--tag", help="appended to the output file name")
     parser.add_argument("--quick", action="store_true", help="only head dim 128 and seqlen <= 65536")
     parser.add_argument("--seqlen", type=_int_set, help="only the shapes of the set with these sequence lengths "
@@ -470,19 +394,17 @@ def main(argv: list[str]) -> int:
     providers, unavailable = select_providers(args, genoflash_backend)
     shapes = select_shapes(args)
 
-    now = datetime.datetime.now(datetime.timezone.utc)
-    report = {"metadata": metadata(device, args, now), "providers": [p.name for p in providers],
+    report = {"metadata": metadata(device, args), "providers": [p.name for p in providers],
               "unavailable": unavailable, "shapes": []}
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = str(args.out / _stem(report["metadata"]["device"], now, args.tag))
+    stem = results_stem(args.out, report["metadata"], args.tag)
     # A run killed by a time limit (SIGTERM) still plots and prints what it has measured.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for i, shape in enumerate(shapes, 1):
             print(f"[{i}/{len(shapes)}] {shape.label}", flush=True)
             report["shapes"].append(run_shape(shape, providers, genoflash_backend, dtype, device))
-            _free(device)
-            Path(f"{stem}.json").write_text(json.dumps(report, indent=1))  # after every shape
+            free_cached_memory(device)
+            write_json(Path(f"{stem}.json"), report)  # after every shape
     finally:
         for name, reason in unavailable.items():
             print(f"{name} unavailable: {reason}"[:200])

@@ -29,13 +29,13 @@ import random
 import resource
 import statistics
 import sys
-import time
 from concurrent.futures.process import BrokenProcessPool
 
 import torch
 
 from ..backends import select_backend, use_backend
 from ..ops.attention import flash_attn_func
+from .common import measure_once, synchronize, timed_call
 
 VOCAB = "ACGTN"
 MiB, GiB = 2**20, 2**30
@@ -109,11 +109,10 @@ def peak_memory_mib(task: dict) -> float:
     device = torch.device(task["device"])
     q, k, v = make_qkv(task["seq"], task["nheads"], task["headdim"], device, task["dtype"])
     if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        forward_backward(q, k, v, task["backend"])
-        return (torch.cuda.max_memory_allocated() - base) / MiB
+        synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        peak_gib = measure_once(lambda: forward_backward(q, k, v, task["backend"]), device).peak_gib
+        return (peak_gib * GiB - base) / MiB
     # Linux >= 4.0: "5" resets VmHWM to the current RSS, so start-up does not count.
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -148,11 +147,8 @@ def time_forward_backward(task: dict, repeats: int) -> tuple[float, torch.Tensor
     times, out = [], None
     for _ in range(repeats):
         out = None  # free the previous output before the next run
-        t0 = time.perf_counter()
-        out = forward_backward(q, k, v, task["backend"])
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        out, seconds = timed_call(lambda: forward_backward(q, k, v, task["backend"]), device)
+        times.append(seconds)
     return statistics.median(times), out
 
 

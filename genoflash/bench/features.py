@@ -26,13 +26,15 @@ Results go to <out>/<gpu>-<date>-features.json.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from ..ops.attention import flash_attn_func, flash_attn_varlen_func
-from .records import results_stem, run_metadata
+from .common import (FWD_BWD_OVER_FWD, RESULTS_DIR, relative_error, results_stem, run_metadata, time_and_peak,
+                     tflops, write_json)
+
+CUDA = torch.device("cuda")
 
 
 def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> int:
@@ -44,26 +46,17 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int,
     return int((hi - lo + 1).clamp(min=0).sum())
 
 
-def _time(fn) -> float:
-    from triton.testing import do_bench
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
 def measure(call, inputs, pairs_per_head: int, nheads: int, d: int, dv: int) -> dict:
     """Forward and fwd+bwd of call(*inputs) -> out: ms, useful TF/s, peak GiB."""
     dout = torch.randn_like(call(*inputs))
     fwd_flops = 2 * (d + dv) * pairs_per_head * nheads
     rec = {}
     for mode, fn, flops in (("fwd", lambda: call(*inputs), fwd_flops),
-                            ("fwd_bwd", lambda: torch.autograd.grad(call(*inputs), inputs, dout), 3.5 * fwd_flops)):
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        ms = _time(fn)
-        rec.update({f"{mode}_ms": ms, f"{mode}_tflops": flops / ms * 1e-9,
-                    f"{mode}_peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+                            ("fwd_bwd", lambda: torch.autograd.grad(call(*inputs), inputs, dout),
+                             FWD_BWD_OVER_FWD * fwd_flops)):
+        timed = time_and_peak(fn, CUDA)
+        rec.update({f"{mode}_ms": timed["ms"], f"{mode}_tflops": tflops(flops, timed["ms"]),
+                    f"{mode}_peak_gib": timed["peak_gib"]})
     return rec
 
 
@@ -88,10 +81,10 @@ def fixed_case(name, batch, seqlen, nheads, d=128, dv=128, nheads_k=None, **kw) 
 
 def flex_window_case(name, seqlen, nheads, window: int, d=128) -> dict:
     """FlexAttention with a sliding-window block mask, the peer of the window rows; the record
-    holds the error (out of memory at 256k on the H200 in the peers' anchors) where it fails."""
-    from .attention import REL_TOL, _compiled_flex, _rel_err
+    holds the error (out of memory at 256k on an H200) where it fails."""
+    from .attention import REL_TOL, compiled_flex
     try:
-        flex, block_mask = _compiled_flex()
+        flex, block_mask = compiled_flex()
 
         def sliding(b, h, q_idx, kv_idx):
             return (q_idx - kv_idx <= window) & (kv_idx - q_idx <= window)
@@ -102,9 +95,9 @@ def flex_window_case(name, seqlen, nheads, window: int, d=128) -> dict:
             return flex(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=mask).transpose(1, 2)
         # The same answer as genoflash before it is timed (bench attention's check). With autograd on,
         # as it is timed: under no_grad torch.compile builds a second (inference) graph, and on the
-        # H200 machine ptxas ran for minutes on that graph's kernel (2026-11-30, twice) where the
-        # training graph compiles in seconds.
-        err = _rel_err(call(*inputs).detach(), flash_attn_func(*inputs, window_size=(window, window)).detach())
+        # H200 machine ptxas ran for minutes on that graph's kernel where the training graph
+        # compiles in seconds.
+        err = relative_error(call(*inputs).detach(), flash_attn_func(*inputs, window_size=(window, window)).detach())
         if not err < REL_TOL:
             raise AssertionError(f"FlexAttention differs from genoflash: relative error {err:.1e}")
         pairs = visible_pairs(seqlen, seqlen, False, (window, window))
@@ -171,7 +164,7 @@ class _SavedList(list):
     def append(self, record: dict) -> None:
         super().append(record)
         if self.path is not None:
-            self.path.write_text(json.dumps({"metadata": self.metadata, "results": list(self)}, indent=1))
+            write_json(self.path, {"metadata": self.metadata, "results": list(self)})
 
 
 def run(cases: list[str], results: list | None = None) -> list[dict]:
@@ -196,7 +189,7 @@ def run(cases: list[str], results: list | None = None) -> list[dict]:
     if "softcap" in cases:
         results.append(fixed_case("softcap30 H16 N16k", 1, 16384, 16, softcap=30.0))
     if "rope" in cases:
-        from ..rotary import rotary_tables
+        from ..ops.rotary import rotary_tables
         for n, h in ((16384, 16), (65536, 8)):
             cos, sin = rotary_tables(n, 128, device="cuda")
             results.append(fixed_case(f"plain H{h} N{n}", 1, n, h))
@@ -223,12 +216,12 @@ def run(cases: list[str], results: list | None = None) -> list[dict]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench features", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="window,varlen,dv,alibi,softcap,rope,dropout,gqa")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("genoflash bench features needs a CUDA GPU", flush=True)
         return 2
-    metadata = run_metadata(dtype="bf16", method="do_bench median (warmup 25 ms, rep 200 ms); useful FLOPs only")
+    metadata = run_metadata(CUDA, dtype="bf16", method="do_bench median (warmup 25 ms, rep 200 ms); useful FLOPs only")
     path = Path(f"{results_stem(args.out, metadata, 'features')}.json")
     run([c.strip() for c in args.cases.split(",")], _SavedList(path, metadata))
     print(f"wrote {path}", flush=True)

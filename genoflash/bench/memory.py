@@ -14,16 +14,17 @@ Writes <out>/<gpu>-<date>-memory.json and a log-log plot <same>.png.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from .. import flash_attn_func, use_backend
-from .records import results_stem, run_metadata
+from .common import (RESULTS_DIR, free_cached_memory, measure_once, pyplot, results_stem, run_metadata,
+                     save_figure, title_stamp, write_json)
 
 NHEADS, HEADDIM = 8, 128
+CUDA = torch.device("cuda")
 
 
 def floor_bytes(seqlen: int, mode: str) -> int:
@@ -56,23 +57,22 @@ def _providers():
 
 def peak_gib(fn, seqlen: int, mode: str) -> float | str:
     """Peak allocated GiB of one call (inputs included), or the reason it could not run."""
-    torch.cuda.empty_cache()
+    free_cached_memory(CUDA)
     try:
-        q, k, v, dout = (torch.randn(1, seqlen, NHEADS, HEADDIM, device="cuda", dtype=torch.bfloat16,
+        q, k, v, dout = (torch.randn(1, seqlen, NHEADS, HEADDIM, device=CUDA, dtype=torch.bfloat16,
                                      requires_grad=i < 3) for i in range(4))
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn(q, k, v)
-        if mode == "fwd_bwd":
-            torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / 2**30
+
+        def call():
+            out = fn(q, k, v)
+            if mode == "fwd_bwd":
+                torch.autograd.grad(out, (q, k, v), dout)
+        return measure_once(call, CUDA).peak_gib
     except torch.cuda.OutOfMemoryError:
         return "out of memory"
     except RuntimeError as e:  # e.g. a backend with no kernel for this size
         return f"error: {str(e).splitlines()[0][:120]}"
     finally:
-        torch.cuda.empty_cache()
+        free_cached_memory(CUDA)
 
 
 def _line(name: str, mode: str, n: int, peak) -> str:
@@ -132,11 +132,7 @@ def parse_log(text: str) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = pyplot().subplots(figsize=(7, 5))
     for i, (name, modes) in enumerate(report["results"].items()):
         for mode, style in (("fwd_bwd", "-"), ("fwd", "--")):
             points = [(int(n), p) for n, p in modes[mode].items() if isinstance(p, float)]
@@ -148,20 +144,17 @@ def plot(report: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("sequence length N (B=1, H=8, D=128, bf16)")
     ax.set_ylabel("peak GPU memory (GiB)")
-    meta = report["metadata"]
-    ax.set_title(f"peak memory on {meta['device']} ({meta['date'][:10]}, {meta['git_commit'][:8]})", fontsize=10)
+    ax.set_title(f"peak memory on {title_stamp(report['metadata'])}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench memory", description=__doc__.splitlines()[0])
     parser.add_argument("--max-seqlen", type=int, default=1 << 20)
     parser.add_argument("--providers", default="genoflash,standard,sdpa-flash,sdpa-cudnn")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("genoflash bench memory measures GPU memory and needs a CUDA GPU", flush=True)
@@ -171,11 +164,11 @@ def main(argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"unknown provider(s): {', '.join(sorted(unknown))}")
     metadata = run_metadata(
-        method="torch.cuda.max_memory_allocated over one call, inputs (q, k, v, dout) included; bf16, B1 H8 D128")
+        CUDA, method="torch.cuda.max_memory_allocated over one call, inputs (q, k, v, dout) included; bf16, B1 H8 D128")
     stem = results_stem(args.out, metadata, "memory")
 
     def save(report: dict) -> None:
-        Path(f"{stem}.json").write_text(json.dumps({**report, "metadata": metadata}, indent=1))
+        write_json(Path(f"{stem}.json"), {**report, "metadata": metadata})
 
     report = run(args.max_seqlen, providers, on_progress=save)
     report["metadata"] = metadata

@@ -4,22 +4,20 @@ For each mixer (genoflash MultiHeadAttention, causal, RoPE off so only the mixin
 the Hyena operator, order 2; the Mamba block, d_state 16) at d_model 256 and 1024, and
 N = 1k, 2k, ... up to --max-seqlen: one layer's forward+backward in bf16 at batch 1, median
 time (`triton.testing.do_bench`; a call over a second is timed once, after its warm-up call)
-and peak memory (inputs included). A mixer stops at its
-first out-of-memory, or once one call passes --max-seconds. Then, per d_model, where the
-curves cross: the N from which Hyena / Mamba are faster than attention, and the time ratio
-at the longest N all three ran.
+and peak memory (inputs included). A mixer stops at its first out-of-memory, or once one
+call passes --max-seconds. Then, per d_model, where the curves cross: the N from which
+Hyena / Mamba are faster than attention, and the time ratio at the longest N all three ran.
 
 Writes <out>/<gpu>-<date>-mixers.json (saved after every point) and a plot of time and
 memory against N. `--cpu` runs tiny sizes on the CPU (timed with perf_counter) to check the
 code paths.
 
 On the GPU it first times the Mamba scan core alone (genoflash's selective scan, Mamba-1's S6)
-and, beside it at the same N, the peer the issue names: Mamba-2's SSD kernels
-(`mamba_chunk_scan_combined` from mamba_ssm's Triton source, 8 heads x 64, d_state 128, chunk
-256, the configuration of ../shared/anchors/h200-peers.md at d_model 256). They are for
-measurement only, never part of genoflash: `scripts/device_carry.sh` unpacks the source into
-`.peers/` (git-ignored) and `scripts/device_env.sh` puts it on the path. Without it the report
-says why the peer is missing.
+and, beside it at the same N, its peer: Mamba-2's SSD kernels (`mamba_chunk_scan_combined`
+from mamba_ssm's Triton source, 8 heads x 64, d_state 128, chunk 256: Mamba-2's defaults at
+d_model 256). They are for measurement only, never part of genoflash: `tools/device_carry.sh`
+unpacks the source into `.peers/` (git-ignored) and `tools/device_env.sh` puts it on the path.
+Without it the report says why the peer is missing.
 """
 
 from __future__ import annotations
@@ -27,15 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
 
-from .records import results_stem, run_metadata
+from .common import (RESULTS_DIR, free_cached_memory, median_ms, pyplot, results_stem, run_metadata, save_figure,
+                     synchronize, time_and_peak, timed_call, title_stamp, write_json)
 
 MIXERS = ("attention", "hyena", "mamba")
+# A shorter do_bench window than the kernel benches' (5 ms of warm-up, 50 ms of repeats): the
+# sweep has many points, each a whole layer's forward+backward. A call of over a second is timed
+# once: repeats would add nothing but minutes.
+WARMUP_MS, REP_MS, TIME_ONCE_ABOVE_MS = 5, 50, 1000
 
 
 def build(mixer: str, d_model: int, l_max: int, device, dtype) -> torch.nn.Module:
@@ -49,36 +51,13 @@ def build(mixer: str, d_model: int, l_max: int, device, dtype) -> torch.nn.Modul
     return layer.to(device, dtype)
 
 
-def _time(fn, device) -> float:
-    """Median ms of fn()."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=5, rep=50, return_mode="median")
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[1]
+def _median_ms(fn, device) -> float:
+    return median_ms(fn, device, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
 
 
-def time_and_peak(step, device) -> dict:
-    """{"ms", "peak_gib"} of step() (one forward+backward): the median ms after one warm-up call,
-    and the peak memory of one call in GiB (GPU; None on the CPU). A call of over a second is
-    timed once ("timed_calls": 1): repeats would add nothing but minutes."""
-    step()
-    if device.type != "cuda":
-        return {"ms": _time(step, device), "peak_gib": None}
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    step()
-    torch.cuda.synchronize()
-    once_ms = (time.perf_counter() - start) * 1e3
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    if once_ms > 1000:
-        return {"ms": once_ms, "peak_gib": peak, "timed_calls": 1}
-    return {"ms": _time(step, device), "peak_gib": peak}
+def _time_and_peak(step, device) -> dict:
+    """{"ms", "peak_gib"} of step() (one forward+backward), as common.time_and_peak measures it."""
+    return time_and_peak(step, device, warmup_ms=WARMUP_MS, rep_ms=REP_MS, time_once_above_ms=TIME_ONCE_ABOVE_MS)
 
 
 class LayerStep(NamedTuple):
@@ -106,19 +85,18 @@ def layer_step(mixer: str, d_model: int, seqlen: int, device, dtype) -> LayerSte
 def measure(mixer: str, d_model: int, seqlen: int, device, dtype) -> dict:
     """{"ms", "peak_gib"} of one layer's forward+backward, or {"error"}."""
     try:
-        return time_and_peak(layer_step(mixer, d_model, seqlen, device, dtype).step, device)
+        return _time_and_peak(layer_step(mixer, d_model, seqlen, device, dtype).step, device)
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     finally:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_cached_memory(device)
 
 
 def copy_bandwidth_gbps(device, gib: float = 2.0) -> float:
     """HBM bandwidth as a device-to-device copy sees it (bytes read + written per second)."""
     x = torch.empty(int(gib * 2**30) // 4, device=device, dtype=torch.float32)
     y = torch.empty_like(x)
-    ms = _time(lambda: y.copy_(x), device)
+    ms = _median_ms(lambda: y.copy_(x), device)
     return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
 
 
@@ -131,17 +109,13 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     ddelta, dz (in `dtype`) and dB, dC (float32). The kernels' real traffic is larger (they read
     their inputs twice or three times, and pass chunk states through HBM).
 
-    fwd_ms is the forward the interface runs in training: forward.py's sequential kernels with
-    the chunk states for the backward (`fwd_inference_ms` without them), or, with
-    forward.ENABLED off, the chunked kernels'; `fwd_chunked_ms` times the chunked kernels too,
-    in the same process. The backward is timed both ways: deterministic (the default) and with
-    atomic dB/dC (`deterministic=False`), and, when ops/mamba/backward.py is switched on
-    (`--mamba-sequential-backward`), the sequential backward on its own saved states
-    (`bwd_sequential_ms`). channels_first: u, delta, z and dout as (batch, dim,
-    seqlen) memory and the backward's state-loop kernels (scan_channels_first.py); else the
-    3-D tiles of scan.py."""
-    from ..ops.mamba import forward, scan, scan_channels_first
-    kernels = scan_channels_first if channels_first else scan
+    fwd_ms is the forward as training runs it (with the chunk states for the backward;
+    `fwd_inference_ms` without them). The backward is timed both ways: deterministic (the
+    default) and with atomic dB/dC (`deterministic=False`). channels_first: u, delta, z and dout
+    as (batch, dim, seqlen) memory and the backward's state-loop kernels
+    (backward_channels_first.py); else (token, channel) rows and backward.py's 3-D tiles."""
+    from ..ops.mamba import backward, backward_channels_first, forward
+    kernels = backward_channels_first if channels_first else backward
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (1, d_inner, seqlen) if channels_first else (1, seqlen, d_inner)
 
@@ -155,51 +129,33 @@ def scan_bandwidth(seqlen: int, d_inner: int, dstate: int, device, dtype=torch.b
     D = torch.ones(d_inner, device=device)
     bias = torch.rand(d_inner, device=device, generator=gen) - 4.0
     extras = dict(D=D, z=z, delta_bias=bias, softplus=True)
-    if forward.ENABLED:
-        def scan_forward(**kw):
-            return forward.scan_forward(u, delta, A, B, C, **extras, **kw)
-    else:
-        def scan_forward(**kw):
-            return kernels.scan_forward(u, delta, A, B, C, **extras)
+
+    def scan_forward(**kw):
+        return forward.scan_forward(u, delta, A, B, C, **extras, **kw)
     out, h0, decay = scan_forward()
-    chunked = kernels.scan_forward(u, delta, A, B, C, **extras)
-    # The two forwards compute the same recurrence in another order: their outputs agree to bf16's rounding.
-    agree = ((out.float() - chunked[0].float()).abs().max() / chunked[0].float().abs().max().clamp_min(1e-6)).item()
-    del chunked
     dout = act()
-    fwd_ms = _time(scan_forward, device)
-    fwd_inference_ms = _time(lambda: scan_forward(save_chunks=False), device) if forward.ENABLED else fwd_ms
-    fwd_chunked_ms = _time(lambda: kernels.scan_forward(u, delta, A, B, C, **extras), device)
-    bwd_ms = _time(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay, **extras), device)
-    bwd_atomic_ms = _time(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay, deterministic=False,
-                                                        **extras), device)
-    from ..ops.mamba import backward
-    sequential = {}
-    if backward.ENABLED and forward.ENABLED:  # the sequential backward beside them, on its own saved states
-        del h0, decay
-        _, h_saved, _ = forward.scan_forward(u, delta, A, B, C, **extras, state_every=backward.STATE_EVERY)
-        sequential["bwd_sequential_ms"] = _time(lambda: backward.scan_backward(dout, u, delta, A, B, C, h_saved,
-                                                                                **extras), device)
+    fwd_ms = _median_ms(scan_forward, device)
+    fwd_inference_ms = _median_ms(lambda: scan_forward(save_chunks=False), device)
+    bwd_ms = _median_ms(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay, **extras), device)
+    bwd_atomic_ms = _median_ms(lambda: kernels.scan_backward(dout, u, delta, A, B, C, h0, decay,
+                                                             deterministic=False, **extras), device)
     ld, ln, e = seqlen * d_inner, seqlen * dstate, u.element_size()
     fwd_bytes = e * (4 * ld + 2 * ln)
     bwd_bytes = e * (7 * ld + 2 * ln) + 2 * 4 * ln
     return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "dtype": str(dtype),
-            "kernels": "channels-first state loop" if channels_first else "3-D tiles",
-            "forward": "sequential (forward.py)" if forward.ENABLED else "chunked", "fwd_ms": fwd_ms,
-            "fwd_inference_ms": fwd_inference_ms, "fwd_chunked_ms": fwd_chunked_ms,
-            "fwd_rel_diff_vs_chunked": agree,
-            "bwd_ms": bwd_ms, "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9,
+            "kernels": "channels-first state loop" if channels_first else "3-D tiles", "fwd_ms": fwd_ms,
+            "fwd_inference_ms": fwd_inference_ms, "bwd_ms": bwd_ms, "fwd_gbps": fwd_bytes / (fwd_ms * 1e-3) / 1e9,
             "fwd_inference_gbps": fwd_bytes / (fwd_inference_ms * 1e-3) / 1e9,
             "bwd_gbps": bwd_bytes / (bwd_ms * 1e-3) / 1e9,
             "bwd_atomic_ms": bwd_atomic_ms, "bwd_atomic_gbps": bwd_bytes / (bwd_atomic_ms * 1e-3) / 1e9,
-            "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes, **sequential}
+            "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes}
 
 
 def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstate: int = 128,
                   chunk: int = 256) -> dict:
     """Mamba-2's SSD scan (mamba_ssm's Triton kernels), forward+backward at batch 1: x bf16
     (1, N, nheads, headdim), dt and A float32, B and C bf16 (1, N, 1, dstate), D float32. The
-    default sizes are the anchors file's, d_model 256. {"unavailable": why} without mamba_ssm."""
+    default sizes are Mamba-2's at d_model 256. {"unavailable": why} without mamba_ssm."""
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
     except Exception as e:  # noqa: BLE001 - not installed, or its import fails on this machine
@@ -219,7 +175,7 @@ def ssd_peer_core(seqlen: int, device, nheads: int = 8, headdim: int = 64, dstat
         torch.autograd.grad(y, [x, dt, A, B, C, D], dy)
 
     try:
-        timed = time_and_peak(step, device)
+        timed = _time_and_peak(step, device)
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     return {"seqlen": seqlen, "nheads": nheads, "headdim": headdim, "dstate": dstate, "chunk": chunk,
@@ -230,13 +186,12 @@ def genoflash_scan_core(seqlen: int, d_inner: int, dstate: int, device) -> dict:
     """genoflash's selective scan (`selective_scan_fn`, with the skip D) forward+backward through
     autograd, at the dtypes the Mamba layer hands it (u, delta, B, C bf16 on the GPU; A and D
     float32) and in its layout: u and delta channels-first ((batch, dim, seqlen) memory, the
-    state-loop kernels of scan_channels_first.py) when those are enabled, else channels-last
-    (scan.py's 3-D tiles). Time and peak memory, to stand beside ssd_peer_core (no gate z there
-    either)."""
-    from ..ops.mamba import scan_channels_first, selective_scan_fn
+    backward's state-loop kernels of backward_channels_first.py). Time and peak memory, to stand
+    beside ssd_peer_core (no gate z there either)."""
+    from ..ops.mamba import selective_scan_fn
     gen = torch.Generator(device=device).manual_seed(0)
     bf16 = torch.bfloat16 if device.type == "cuda" else torch.float32
-    channels_first = scan_channels_first.ENABLED
+    channels_first = True
 
     def act(draw=torch.randn, scale: float = 1.0) -> torch.Tensor:  # (1, seqlen, d_inner), the block's layout
         shape = (1, d_inner, seqlen) if channels_first else (1, seqlen, d_inner)
@@ -254,7 +209,7 @@ def genoflash_scan_core(seqlen: int, d_inner: int, dstate: int, device) -> dict:
         y = selective_scan_fn(u, delta, A, B, C, D)
         torch.autograd.grad(y, [u, delta, A, B, C, D], dy)
 
-    timed = time_and_peak(step, device)
+    timed = _time_and_peak(step, device)
     return {"seqlen": seqlen, "d_inner": d_inner, "dstate": dstate, "fwd_bwd_ms": timed.pop("ms"), **timed}
 
 
@@ -267,26 +222,19 @@ def kernel_breakdown(mixer: str, d_model: int, seqlen: int, device, dtype, top: 
     from torch.profiler import ProfilerActivity, profile
     step = layer_step(mixer, d_model, seqlen, device, dtype).step
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     step()
-    sync()
+    synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         step()
-        sync()
+        synchronize(device)
     rows = []
     for event in prof.key_averages():
         ms = (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e3
         if ms > 0:
             rows.append({"kernel": event.key[:120], "calls": event.count, "ms": ms})
     rows.sort(key=lambda r: -r["ms"])
-    walls = []
-    for _ in range(5):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        walls.append((time.perf_counter() - start) * 1e3)
-    return {"mixer": mixer, "d_model": d_model, "seqlen": seqlen, "wall_ms": statistics.median(walls),
+    wall_ms = statistics.median(timed_call(step, device)[1] * 1e3 for _ in range(5))
+    return {"mixer": mixer, "d_model": d_model, "seqlen": seqlen, "wall_ms": wall_ms,
             "total_kernel_ms": sum(r["ms"] for r in rows), "top": rows[:top]}
 
 
@@ -310,11 +258,7 @@ def crossovers(results: dict) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.5))
     styles = {"256": "-", "1024": "--"}
     for i, mixer in enumerate(MIXERS):
         for d_model, by_mixer in report["results"].items():
@@ -335,12 +279,8 @@ def plot(report: dict, path: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    meta = report["metadata"]
-    fig.suptitle(f"one layer, attention vs Hyena vs Mamba on {meta['device']} ({meta['date'][:10]}, "
-                 f"{meta['git_commit'][:8]})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.suptitle(f"one layer, attention vs Hyena vs Mamba on {title_stamp(report['metadata'])}", fontsize=10)
+    save_figure(fig, path)
 
 
 def main(argv: list[str]) -> int:
@@ -357,29 +297,13 @@ def main(argv: list[str]) -> int:
                              "at these N; default: the --scan-seqlens on a GPU, none with --cpu; '' to skip")
     parser.add_argument("--profile-seqlen", type=int, default=0,
                         help="GPU: also record each Hyena and Mamba layer's kernel times at this N (torch.profiler)")
-    parser.add_argument("--mamba-3d-tiles", action="store_true",
-                        help="the Mamba block and the scan timings take scan.py's 3-D tiles on channels-last "
-                             "activations instead of the channels-first state-loop kernels (the default, "
-                             "ops/mamba/scan_channels_first.py)")
-    parser.add_argument("--mamba-sequential-backward", action="store_true",
-                        help="the Mamba block's scan backward is ops/mamba/backward.py's sequential one (off by "
-                             "default: timed no faster, with less memory); the scan timings add it beside the "
-                             "chunked backward (bwd_sequential_ms)")
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU, to check the code paths")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         print("genoflash bench mixers needs a CUDA GPU (or --cpu for a tiny run)", flush=True)
         return 2
-    from ..ops.mamba import backward, scan_channels_first
-    # Read by the Mamba block and the scan timing; restored after, for callers in this process.
-    previous = scan_channels_first.ENABLED, backward.ENABLED
-    scan_channels_first.ENABLED = not args.mamba_3d_tiles
-    backward.ENABLED = args.mamba_sequential_backward
-    try:
-        return _run(args, torch.device("cpu" if args.cpu else "cuda"))
-    finally:
-        scan_channels_first.ENABLED, backward.ENABLED = previous
+    return _run(args, torch.device("cpu" if args.cpu else "cuda"))
 
 
 def _run(args, device: torch.device) -> int:
@@ -393,18 +317,16 @@ def _run(args, device: torch.device) -> int:
     seqlens = [1 << p for p in range(10, args.max_seqlen.bit_length()) if (1 << p) <= args.max_seqlen]
     if args.cpu:
         seqlens = [n for n in (64, 128) if n <= args.max_seqlen] or [args.max_seqlen]
-    metadata = run_metadata(dtype=str(dtype), method="one layer fwd+bwd at batch 1; median of do_bench (GPU) or of "
-                                                     "3 perf_counter runs (CPU); peak = max_memory_allocated",
-                            mamba_scan="3-D tiles" if args.mamba_3d_tiles else "channels-first state loop",
-                            mamba_backward="sequential (backward.py)" if args.mamba_sequential_backward
-                            else "chunked")
-    name = "mixers-3d-tiles" if args.mamba_3d_tiles else "mixers"
-    stem = results_stem(args.out, metadata, name + ("-seq-bwd" if args.mamba_sequential_backward else ""))
+    metadata = run_metadata(device, dtype=str(dtype),
+                            method="one layer fwd+bwd at batch 1; median of do_bench (GPU) or of 3 perf_counter "
+                                   "runs (CPU); peak = max_memory_allocated",
+                            mamba_scan="channels-first state loop")
+    stem = results_stem(args.out, metadata, "mixers")
     report = {"metadata": metadata, "results": {}}
 
     def save():
         report["crossovers"] = crossovers(report["results"])
-        Path(f"{stem}.json").write_text(json.dumps(report, indent=1))
+        write_json(Path(f"{stem}.json"), report)
 
     from ..backends import use_backend
     backend = "torch" if args.cpu else "triton"
@@ -413,18 +335,18 @@ def _run(args, device: torch.device) -> int:
         report["scan"] = {"copy_gbps": copy, "points": []}
         for d_inner in (512, 2048):
             for n in (int(x) for x in args.scan_seqlens.split(",")):
-                point = scan_bandwidth(n, d_inner, 16, device, channels_first=not args.mamba_3d_tiles)
+                point = scan_bandwidth(n, d_inner, 16, device, channels_first=True)
                 point.update(fwd_of_copy=point["fwd_gbps"] / copy, bwd_of_copy=point["bwd_gbps"] / copy)
                 report["scan"]["points"].append(point)
                 point.update(fwd_inference_of_copy=point["fwd_inference_gbps"] / copy)
                 print(f"scan d_inner={d_inner} N={n:>9,}  fwd {point['fwd_ms']:.3f} ms {point['fwd_gbps']:.0f} GB/s "
                       f"({point['fwd_of_copy']:.0%} of copy; without chunk states {point['fwd_inference_ms']:.3f} ms "
-                      f"{point['fwd_inference_of_copy']:.0%}; chunked kernels {point['fwd_chunked_ms']:.3f} ms)  "
+                      f"{point['fwd_inference_of_copy']:.0%})  "
                       f"bwd {point['bwd_ms']:.3f} ms {point['bwd_gbps']:.0f} GB/s ({point['bwd_of_copy']:.0%}); "
                       f"atomic bwd {point['bwd_atomic_ms']:.3f} ms", flush=True)
                 save()
     if args.ssd_seqlens:
-        # Side by side with Mamba-2's SSD kernels, the issue's peer for the scan (measurement only).
+        # Side by side with Mamba-2's SSD kernels, the scan's peer (measurement only).
         report["scan_vs_ssd"] = []
         for n in (int(x) for x in args.ssd_seqlens.split(",")):
             with use_backend(backend):

@@ -2,7 +2,7 @@
 
 The mixer comparison asks which model connects two elements as they move apart. Each run
 directory is what `genoflash demo --mixers G,L,H,M --out-dir DIR ...` wrote at one length
-(`scripts/gpu_quality_ladder.sh` makes them); this collects their `summary.json` files into one
+(`tools/gpu_quality_ladder.sh` makes them); this collects their `summary.json` files into one
 table (a row per distance, a column per model) and one plot of accuracy against distance.
 Only what the runs measured goes in: a model missing at a distance is left blank.
 
@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .records import run_metadata, results_stem
+from .common import RESULTS_DIR, device_name, pyplot, results_stem, run_metadata, save_figure, write_json
 
 # Per-model fields copied from each run's summary, and the run config fields that say what was trained.
 MODEL_FIELDS = ("accuracy", "auroc", "seconds", "layer_pattern")
@@ -62,11 +62,7 @@ def table(runs: list[dict]) -> str:
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     # A line per (model, learning rate, step budget): runs at a second rate, or with more steps
     # than the shortest budget at their distance, are series of their own.
     several_lrs = len({r["lr"] for r in runs}) > 1
@@ -87,15 +83,13 @@ def plot(runs: list[dict], path: Path) -> None:
     ax.set(xscale="log", xlabel="distance between the elements (bp)", ylabel="held-out accuracy", ylim=(0.3, 1.02),
            title="synthetic long-range task")
     ax.legend(fontsize=7, loc="center right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench quality", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="demo output directories (each with summary.json)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--device", help="the GPU the runs trained on (e.g. 'NVIDIA H200'), when merging "
                         "them elsewhere; it names the report. Default: this machine's")
     args = parser.parse_args(argv)
@@ -104,10 +98,10 @@ def main(argv: list[str]) -> int:
     # or say which with --device. Each run also records its own ("cuda" or "cpu").
     metadata = run_metadata(method="held-out accuracy of `genoflash demo` runs, one seed each")
     if args.device:
-        metadata.update(device=args.device, merged_on=run_metadata()["device"])
+        metadata.update(device=args.device, merged_on=device_name())
     report = {"metadata": metadata, "runs": runs}
     stem = results_stem(args.out, report["metadata"], "quality")
-    Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json(Path(f"{stem}.json"), report)
     plot(runs, Path(f"{stem}.png"))
     print(table(runs))
     print(f"wrote {stem}.json and {stem}.png")

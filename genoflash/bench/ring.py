@@ -42,31 +42,22 @@ import torch.distributed as dist
 from .. import flash_attn_func
 from ..distributed import enable_context_parallel, ring_flash_attn_func, shard_positions, shard_sequence
 from ..distributed import ring as ring_module
-from .records import results_stem, run_metadata
-from .scale import _rel, sampled_rows_attention
+from .common import (RESULTS_DIR, attention_flops, free_cached_memory, peak_memory_gib, pyplot, relative_error,
+                     reset_peak_memory, results_stem, run_metadata, save_figure, synchronize, tflops, title_stamp,
+                     write_json)
+from .scale import sampled_rows_attention
 
 PARTS = ("baseline", "overlap", "weak", "strong", "train")
 _DEVICE = torch.device("cuda")  # main() switches to the CPU for --cpu (gloo; tests)
 
 
-def _synchronize() -> None:
-    if _DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _reset_peak() -> None:
-    if _DEVICE.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def attention_flops(seqlen: int, nheads: int, headdim: int, causal: bool, backward: bool) -> float:
-    flops = 4.0 * nheads * seqlen * seqlen * headdim / (2 if causal else 1)
-    return flops * (3.5 if backward else 1.0)
+    free_cached_memory(_DEVICE)
+    reset_peak_memory(_DEVICE)
 
 
 def _sync_barrier() -> None:
-    _synchronize()
+    synchronize(_DEVICE)
     dist.barrier()
 
 
@@ -77,7 +68,9 @@ def _slowest(value: float) -> float:
 
 
 def _largest_peak() -> float | None:
-    return _slowest(torch.cuda.max_memory_allocated() / 2**30) if _DEVICE.type == "cuda" else None
+    """The largest rank's peak memory in GiB (None on the CPU)."""
+    peak = peak_memory_gib(_DEVICE)
+    return None if peak is None else _slowest(peak)
 
 
 class _SilentRing(ring_module._Ring):
@@ -116,12 +109,12 @@ def _ring_once(q, k, v, dout, causal: bool):
     _sync_barrier()
     start = time.perf_counter()
     out = ring_flash_attn_func(q, k, v, causal=causal)
-    _synchronize()
+    synchronize(_DEVICE)
     fwd = time.perf_counter() - start
     _sync_barrier()
     start = time.perf_counter()
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    _synchronize()
+    synchronize(_DEVICE)
     bwd = time.perf_counter() - start
     return out, grads, _slowest(fwd), _slowest(bwd)
 
@@ -160,18 +153,19 @@ def run_ring(seqlen: int, causal: bool, nheads: int, headdim: int, rows: int, se
     rq, rk, rv = torch.autograd.grad(ref, (q_rows, k32, v32), dout_rows.float())
     local_keys = positions.to(_DEVICE)
     errors = torch.tensor([
-        _rel(out[:, mine_local], ref[:, mine.to(_DEVICE)]) if mine.any() else 0.0,
-        _rel(dq[:, mine_local], rq[:, mine.to(_DEVICE)]) if mine.any() else 0.0,
-        _rel(dk, rk[:, local_keys]), _rel(dv, rv[:, local_keys])], device=_DEVICE, dtype=torch.float64)
+        relative_error(out[:, mine_local], ref[:, mine.to(_DEVICE)]) if mine.any() else 0.0,
+        relative_error(dq[:, mine_local], rq[:, mine.to(_DEVICE)]) if mine.any() else 0.0,
+        relative_error(dk, rk[:, local_keys]), relative_error(dv, rv[:, local_keys])],
+        device=_DEVICE, dtype=torch.float64)
     del ref, rq, rk, rv, k32, v32, q_rows, out, dq, dk, dv
     _reset_peak()
     dist.all_reduce(errors, op=dist.ReduceOp.MAX)
-    fwd_flops = attention_flops(seqlen, nheads, headdim, causal, backward=False)
-    total = attention_flops(seqlen, nheads, headdim, causal, backward=True)
+    fwd_flops = attention_flops(1, nheads, seqlen, headdim, causal, backward=False)
+    total = attention_flops(1, nheads, seqlen, headdim, causal, backward=True)
     return {"seqlen": seqlen, "per_gpu_tokens": seqlen // world, "causal": causal, "layout": layout,
             "fwd_s": fwd_s, "bwd_s": bwd_s, "fwd_bwd_s": fwd_s + bwd_s, "peak_gib_per_gpu": peak,
-            "tflops_per_gpu_fwd": fwd_flops / world / fwd_s / 1e12,
-            "tflops_per_gpu_fwd_bwd": total / world / (fwd_s + bwd_s) / 1e12,
+            "tflops_per_gpu_fwd": tflops(fwd_flops / world, fwd_s * 1e3),
+            "tflops_per_gpu_fwd_bwd": tflops(total / world, (fwd_s + bwd_s) * 1e3),
             "rows_checked": rows,
             "max_rel_error_vs_fp32": dict(zip(("out", "dq", "dk", "dv"), errors.tolist()))}
 
@@ -182,7 +176,7 @@ def _median_s(fn, reps: int) -> float:
         _sync_barrier()
         start = time.perf_counter()
         fn()
-        _synchronize()
+        synchronize(_DEVICE)
         times.append(_slowest(time.perf_counter() - start))
     return sorted(times)[len(times) // 2]
 
@@ -203,8 +197,8 @@ def run_baseline(seqlen: int, nheads: int, headdim: int, reps: int) -> dict:
         f, fb = _median_s(fwd, reps), _median_s(fwd_bwd, reps)
         name = "causal" if causal else "full"
         record[name] = {"fwd_s": f, "fwd_bwd_s": fb,
-                        "tflops_fwd": attention_flops(seqlen, nheads, headdim, causal, False) / f / 1e12,
-                        "tflops_fwd_bwd": attention_flops(seqlen, nheads, headdim, causal, True) / fb / 1e12}
+                        "tflops_fwd": tflops(attention_flops(1, nheads, seqlen, headdim, causal, False), f * 1e3),
+                        "tflops_fwd_bwd": tflops(attention_flops(1, nheads, seqlen, headdim, causal, True), fb * 1e3)}
     return record
 
 
@@ -280,7 +274,7 @@ def run_train_step(context: int, dim: int, depth: int, nheads: int, seed: int = 
     _sync_barrier()
     start = time.perf_counter()
     loss = step(context)
-    _synchronize()
+    synchronize(_DEVICE)
     seconds = _slowest(time.perf_counter() - start)
     return {"context_tokens": context, "per_gpu_tokens": context // cp.world_size, "dim": dim, "depth": depth,
             "nheads": nheads, "parameters": sum(p.numel() for p in model.parameters()), "loss": loss,
@@ -301,11 +295,7 @@ def _host_description() -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     base = report.get("baseline") or {}
     world = report["host"]["world_size"]
     for ax, part in zip(axes, ("weak", "strong")):
@@ -329,12 +319,8 @@ def plot(report: dict, path: Path) -> None:
         if runs:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3, axis="y")
-    meta = report["metadata"]
-    fig.suptitle(f"ring attention, H=8 D=128 bf16, on {world}x {meta['device']} ({meta['date'][:10]}, "
-                 f"{meta['git_commit'][:8]})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.suptitle(f"ring attention, H=8 D=128 bf16, on {world}x {title_stamp(report['metadata'])}", fontsize=10)
+    save_figure(fig, path)
 
 
 def _ints(text: str) -> list[int]:
@@ -362,7 +348,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--train-nheads", type=int, default=4)
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--cpu", action="store_true", help="gloo ranks on the CPU at tiny sizes (tests)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if not dist.is_initialized() and ("RANK" not in os.environ or not (args.cpu or torch.cuda.is_available())):
         print("genoflash bench ring runs under torchrun on CUDA GPUs: "
@@ -387,7 +373,7 @@ def main(argv: list[str]) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     report = {"nheads": args.nheads, "headdim": args.headdim, "dtype": "bfloat16", "batch": 1,
               "host": _host_description(),
-              "metadata": run_metadata(world_size=world, **({"device": "cpu"} if args.cpu else {}))}
+              "metadata": run_metadata(_DEVICE, world_size=world)}
     stem = results_stem(args.out, report["metadata"], f"ring-x{world}{args.tag}") if rank == 0 else None
 
     def say(message: str) -> None:
@@ -396,7 +382,7 @@ def main(argv: list[str]) -> int:
 
     def save() -> None:
         if rank == 0:
-            Path(f"{stem}.json").write_text(json.dumps(report, indent=1))
+            write_json(Path(f"{stem}.json"), report)
             try:
                 plot(report, Path(f"{stem}.png"))
             except Exception as e:  # a plot must not lose the numbers

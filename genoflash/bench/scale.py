@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
 from .. import flash_attn_func
-from .records import results_stem, run_metadata
+from .common import (RESULTS_DIR, measure_once, peak_memory_gib, relative_error, reset_peak_memory, results_stem,
+                     run_metadata, timed_call, write_json)
 
 
 def sampled_rows_attention(q_rows: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -67,55 +67,32 @@ def check_sampled(q, k, v, causal: bool, n_rows: int, backward: bool, seed: int 
     dout_rows = torch.randn(q.shape[0], n_rows, *q.shape[2:], generator=gen).to(q.device, q.dtype)
     if backward:
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    out = flash_attn_func(q, k, v, causal=causal)
-    torch.cuda.synchronize()
-    fwd_s = time.perf_counter() - start
+    reset_peak_memory(q.device)
+    out, fwd_s = timed_call(lambda: flash_attn_func(q, k, v, causal=causal), q.device)
     rec = {"fwd_s": fwd_s}
     if backward:
         dout = torch.zeros_like(out)
         dout[:, rows] = dout_rows
-        start = time.perf_counter()
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-        rec["bwd_s"] = time.perf_counter() - start
-    rec["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        (dq, dk, dv), rec["bwd_s"] = timed_call(lambda: torch.autograd.grad(out, (q, k, v), dout), q.device)
+    rec["peak_gib"] = peak_memory_gib(q.device)  # over the forward and the backward
 
     q32, k32, v32 = (t.detach().float().requires_grad_(backward) for t in (q, k, v))
     ref = sampled_rows_attention(q32[:, rows], rows, k32, v32, q.shape[1], causal, scale)
-    errors = {"out": _rel(out[:, rows], ref)}
+    errors = {"out": relative_error(out[:, rows], ref)}
     if backward:
         rq, rk, rv = torch.autograd.grad(ref, (q32, k32, v32), dout_rows.float())
-        errors.update(dq=_rel(dq[:, rows], rq[:, rows]), dk=_rel(dk, rk), dv=_rel(dv, rv))
+        errors.update(dq=relative_error(dq[:, rows], rq[:, rows]), dk=relative_error(dk, rk),
+                      dv=relative_error(dv, rv))
     rec["rel_errors_vs_fp32"] = errors
     return rec
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
-def _write(record: dict, out: Path, name: str) -> None:
-    record["metadata"] = run_metadata()
+def _write(record: dict, device: torch.device, out: Path, name: str) -> None:
+    record["metadata"] = run_metadata(device)
     print(json.dumps({k: v for k, v in record.items() if k != "metadata"}), flush=True)
     path = Path(f"{results_stem(out, record['metadata'], 'scale-' + name)}.json")
-    path.write_text(json.dumps(record, indent=1))
+    write_json(path, record)
     print(f"wrote {path}", flush=True)
-
-
-def _timed(fn, device: torch.device):
-    """(result, seconds, peak GiB or None) of fn() on device."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    result = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    return result, time.perf_counter() - start, peak
 
 
 def run_chromosome(length: int, dim: int, depth: int, nheads: int, chunk_bins: int, device: torch.device,
@@ -137,20 +114,21 @@ def run_chromosome(length: int, dim: int, depth: int, nheads: int, chunk_bins: i
         return tokens[:, start:end].to(device)
 
     with torch.no_grad():
-        out, seconds, peak = _timed(lambda: model.encode_long(fetch, bins * 128, chunk_bins=chunk_bins), device)
+        out, seconds, peak = measure_once(lambda: model.encode_long(fetch, bins * 128, chunk_bins=chunk_bins), device)
     tracks = out["tracks"]
     return {"length_bp": length, "bins": bins, "dim": dim, "depth": depth, "nheads": nheads, "dtype": str(dtype),
             "seconds": seconds, "peak_gib": peak, "output_shape": list(tracks.shape),
             "output_finite": bool(torch.isfinite(tracks).all())}
 
 
-def run_chloroplast(fasta: Path, dim: int, depth: int, nheads: int, device: torch.device, max_length=None) -> dict:
+def run_chloroplast(fasta: str, dim: int, depth: int, nheads: int, device: torch.device, max_length=None) -> dict:
     """Forward, backward and one AdamW step of a single-nucleotide causal DNA LM over a whole genome
-    (the 154,478-bp Arabidopsis chloroplast) as one context."""
+    (by default the 154,478-bp Arabidopsis chloroplast shipped with genoflash) as one context."""
     from ..data import FastaFile, encode
+    from ..data.examples import resolve_fasta
     from ..models import DNALM, DNALMConfig
 
-    genome = FastaFile(fasta)
+    genome = FastaFile(resolve_fasta(fasta))
     chrom = next(iter(genome.contig_lengths))
     seq = genome.fetch(chrom, 0, genome.contig_lengths[chrom])[:max_length]
     tokens = encode(seq, name=chrom)[None].to(device)
@@ -167,7 +145,7 @@ def run_chloroplast(fasta: Path, dim: int, depth: int, nheads: int, device: torc
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    loss, seconds, peak = _timed(step, device)
+    loss, seconds, peak = measure_once(step, device)
     return {"genome": chrom, "context_bp": tokens.shape[1] - 1, "dim": dim, "depth": depth, "nheads": nheads,
             "loss": loss, "seconds_fwd_bwd_step": seconds, "peak_gib": peak,
             "parameters": sum(p.numel() for p in model.parameters())}
@@ -186,9 +164,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dim", type=int, default=None, help="chromosome/chloroplast: model width")
     parser.add_argument("--depth", type=int, default=2, help="chromosome/chloroplast: transformer layers")
     parser.add_argument("--chunk-bins", type=int, default=16384, help="chromosome: conv tower chunk")
-    parser.add_argument("--fasta", type=Path, default=Path("../shared/data/NC_000932.arabidopsis_chloroplast.fa"))
+    parser.add_argument("--fasta", default="arabidopsis-chloroplast",
+                        help="chloroplast: a FASTA file or the name of a genome shipped with genoflash")
     parser.add_argument("--cpu", action="store_true", help="run a CPU-sized version (for tests)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.cpu else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -196,12 +175,12 @@ def main(argv: list[str]) -> int:
         return 2
     if args.what == "chromosome":
         record = run_chromosome(args.length, args.dim or 768, args.depth, args.nheads, args.chunk_bins, device)
-        _write(record, args.out, f"chromosome-{args.length}")
+        _write(record, device, args.out, f"chromosome-{args.length}")
         return 0
     if args.what == "chloroplast":
         record = run_chloroplast(args.fasta, args.dim or 256, args.depth, args.nheads, device,
                                  max_length=2048 if args.cpu else None)
-        _write(record, args.out, "chloroplast-dnalm")
+        _write(record, device, args.out, "chloroplast-dnalm")
         return 0
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, args.seqlen, args.nheads, args.headdim, device=device, dtype=torch.bfloat16)
@@ -209,6 +188,6 @@ def main(argv: list[str]) -> int:
     record = {"seqlen": args.seqlen, "nheads": args.nheads, "headdim": args.headdim, "causal": args.causal,
               "backward": args.backward, "rows_checked": args.rows,
               **check_sampled(q, k, v, args.causal, args.rows, args.backward)}
-    _write(record, args.out, f"attention-N{args.seqlen}{'-causal' if args.causal else ''}"
+    _write(record, device, args.out, f"attention-N{args.seqlen}{'-causal' if args.causal else ''}"
                              f"{'-fwdbwd' if args.backward else '-fwd'}")
     return 0

@@ -50,7 +50,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     sys.path.insert(0, args.baseline_path)
-    from genoflash.bench.records import run_metadata
+    from genoflash.bench.common import run_metadata
     # Each tree's `bench.mixers.build`, the layer `bench mixers` times.
     trees = dict(zip(args.labels.split(","), (importlib.import_module(pkg + ".bench.mixers")
                                               for pkg in ("genoflash", args.baseline_package))))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 
 import pytest
@@ -59,7 +58,7 @@ def test_bench_attention_headdim_filter_keeps_only_those_shapes():
     shapes = attention.select_shapes(args)
     assert {(s.headdim, s.seqlen) for s in shapes} == {(256, 512), (256, 1024)}
     assert {s.causal for s in shapes} == {False, True}
-    assert attention.metadata(torch.device("cpu"), args, datetime.datetime.now())["shapes"] == \
+    assert attention.metadata(torch.device("cpu"), args)["shapes"] == \
         "sweep (seqlen 512,1024) (headdim 256)"
     with pytest.raises(SystemExit, match="headdim"):
         attention.select_shapes(attention.parse_args(["--shapes", "genomic", "--headdim", "96"]))
@@ -123,15 +122,12 @@ def test_sampled_rows_attention_is_exact(causal):
 
 
 def test_scale_commands_run_at_cpu_size(tmp_path):
-    """The chromosome and chloroplast runs' code paths, at CPU size."""
-    from pathlib import Path
-
-    fasta = Path(__file__).resolve().parents[2] / "shared" / "data" / "NC_000932.arabidopsis_chloroplast.fa"
+    """The chromosome and chloroplast runs' code paths, at CPU size (the chloroplast shipped with genoflash)."""
     assert main(["scale", "chromosome", "--cpu", "--length", str(128 * 40), "--dim", "128", "--depth", "1",
                  "--nheads", "2", "--chunk-bins", "16", "--out", str(tmp_path)]) == 0
     record = json.loads(next(tmp_path.glob("*chromosome*.json")).read_text())
     assert record["output_shape"] == [1, 40, 8] and record["output_finite"]
-    assert main(["scale", "chloroplast", "--cpu", "--fasta", str(fasta), "--dim", "32", "--depth", "1",
+    assert main(["scale", "chloroplast", "--cpu", "--dim", "32", "--depth", "1",
                  "--nheads", "2", "--out", str(tmp_path)]) == 0
     record = json.loads(next(tmp_path.glob("*chloroplast*.json")).read_text())
     assert record["context_bp"] == 2047 and 1.0 < record["loss"] < 3.0
@@ -146,33 +142,6 @@ def test_bench_mixers_runs_at_cpu_size(tmp_path):
         assert set(times) == {"64", "128"} and all(r["ms"] > 0 for r in times.values())
     assert set(report["crossovers"]["16"]) == {"hyena", "mamba"}
     assert next(tmp_path.glob("*mixers.png")).stat().st_size > 0
-
-
-def test_bench_mixers_3d_tiles_mamba_runs_at_cpu_size(tmp_path, monkeypatch):
-    """--mamba-3d-tiles: the Mamba block makes channels-last activations (scan.py's 3-D tiles)
-    instead of the default channels-first ones, its results go to their own file, the metadata
-    says which scan ran, and the global flag is put back after."""
-    from genoflash.ops.mamba import scan_channels_first
-    monkeypatch.setattr(scan_channels_first, "ENABLED", True)
-    assert main(["bench", "mixers", "--cpu", "--mixers", "mamba", "--d-models", "16", "--mamba-3d-tiles",
-                 "--out", str(tmp_path)]) == 0
-    report = json.loads(next(tmp_path.glob("*mixers-3d-tiles.json")).read_text())
-    assert report["metadata"]["mamba_scan"] == "3-D tiles"
-    assert set(report["results"]["16"]["mamba"]) == {"64", "128"}
-    assert scan_channels_first.ENABLED is True  # main() puts the flag back
-
-
-def test_bench_mixers_sequential_backward_flag(tmp_path):
-    """--mamba-sequential-backward: the Mamba block's results go to their own file, the metadata
-    says which backward ran, and the global flag (off by default) is put back after."""
-    from genoflash.ops.mamba import backward
-    assert backward.ENABLED is False
-    assert main(["bench", "mixers", "--cpu", "--mixers", "mamba", "--d-models", "16", "--mamba-sequential-backward",
-                 "--out", str(tmp_path)]) == 0
-    report = json.loads(next(tmp_path.glob("*mixers-seq-bwd.json")).read_text())
-    assert report["metadata"]["mamba_backward"] == "sequential (backward.py)"
-    assert set(report["results"]["16"]["mamba"]) == {"64", "128"}
-    assert backward.ENABLED is False
 
 
 def _fake_ssd_modules(monkeypatch, calls):
@@ -192,8 +161,8 @@ def _fake_ssd_modules(monkeypatch, calls):
 
 
 def test_bench_mixers_puts_the_scan_beside_mamba2_ssd(tmp_path, monkeypatch):
-    """The scan core is timed beside Mamba-2's SSD kernels at the same N, with the anchors file's
-    SSD configuration (8 heads x 64, d_state 128, chunk 256)."""
+    """The scan core is timed beside Mamba-2's SSD kernels at the same N, in Mamba-2's
+    configuration at d_model 256 (8 heads x 64, d_state 128, chunk 256)."""
     calls = []
     _fake_ssd_modules(monkeypatch, calls)
     assert main(["bench", "mixers", "--cpu", "--mixers", "", "--ssd-seqlens", "64,96", "--out", str(tmp_path)]) == 0
@@ -244,7 +213,7 @@ def _ring_bench_rank(rank, world, init_file, out_dir):
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # The barrier was not enough: on 2026-12-01 rank 1 still died of SIGABRT in a CI run after the
+    # The barrier was not enough: rank 1 once still died of SIGABRT in a CI run after the
     # whole bench had finished and its report was written (a joinable C++ thread destroyed during
     # interpreter teardown, under load; it passed alone every time). A rank that got here has
     # passed, so it leaves without running C++ destructors; a failure above still raises.
@@ -327,3 +296,42 @@ def test_kernel_breakdown_reports_wall_time_beside_the_kernels():
     entry = kernel_breakdown("hyena", 16, 64, torch.device("cpu"), torch.float32, top=5)
     assert entry["wall_ms"] > 0 and entry["total_kernel_ms"] > 0
     assert 0 < len(entry["top"]) <= 5 and all(r["ms"] > 0 and r["calls"] >= 1 for r in entry["top"])
+
+
+def test_results_stem_names_the_file_by_device_date_and_kind(tmp_path):
+    from genoflash.bench.common import results_stem
+
+    metadata = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-02T03:04:05+00:00"}
+    assert results_stem(tmp_path / "out", metadata, "memory") == tmp_path / "out" / "h100-80gb-hbm3-2026-01-02-memory"
+    assert results_stem(tmp_path / "out", {**metadata, "device": "cpu"}, None) == tmp_path / "out" / "cpu-2026-01-02"
+    assert (tmp_path / "out").is_dir()
+
+
+def test_run_metadata_stamps_the_device_that_ran():
+    from genoflash.bench.common import run_metadata
+
+    metadata = run_metadata(torch.device("cpu"), method="m")
+    assert metadata["device"] == "cpu" and metadata["cudnn"] is None and metadata["method"] == "m"
+    assert {"date", "git_commit", "torch", "triton", "cuda"} <= set(metadata)
+
+
+def test_attention_flops_halve_when_causal_and_count_the_backward_as_2_5_forwards():
+    from genoflash.bench.common import attention_flops, tflops
+
+    forward = attention_flops(2, 3, 64, 16, causal=False, backward=False)
+    assert forward == 4 * 2 * 3 * 64**2 * 16
+    assert attention_flops(2, 3, 64, 16, causal=True, backward=False) == forward / 2
+    assert attention_flops(2, 3, 64, 16, causal=False, backward=True) == 3.5 * forward
+    assert tflops(2e12, 500.0) == 4.0
+
+
+def test_time_and_peak_warms_up_then_measures_on_the_cpu():
+    from genoflash.bench.common import CPU_REPEATS, time_and_peak
+
+    calls = []
+    timed = time_and_peak(lambda: calls.append(1), torch.device("cpu"))
+    assert timed["peak_gib"] is None and timed["ms"] >= 0 and "timed_calls" not in timed
+    assert len(calls) == 2 + CPU_REPEATS  # the warm-up, the measured call, the median's calls
+    calls.clear()
+    assert time_and_peak(lambda: calls.append(1), torch.device("cpu"), time_once_above_ms=-1)["timed_calls"] == 1
+    assert len(calls) == 2
