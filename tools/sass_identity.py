@@ -8,10 +8,12 @@ each kernel's SASS, and compares them file by file:
     git worktree add /tmp/before <commit>
     python tools/sass_identity.py /tmp/before . /tmp/sass [--cases plain-128,mamba-cf]
 
-Each kernel is reported `identical`, `same code, other parameter offsets` (the instructions equal
-once the constant-bank offsets of kernel parameters are masked: a parameter was added or removed),
-`differs`, or present in one tree only. The exit status is 0 when every kernel compiled in both
-trees is identical or differs only in parameter offsets.
+Each kernel is reported `identical`; `same code, other parameter offsets` (the instructions equal
+once the constant-bank offsets of kernel parameters are masked: a parameter was added or removed);
+`same code, registers renamed` (equal once register numbers are masked too: the same instructions
+in the same order, allocated to other registers, as when the compiler meets its values in another
+order); `differs`; or present in one tree only. The exit status is 0 when no kernel compiled in
+both trees `differs`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ CASES = {
     "mamba-rows": "mamba 16",
 }
 _PARAM = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
+_REGISTER = re.compile(r"\bU?R\d+\b")
 _ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 
 
@@ -61,8 +64,9 @@ def instructions(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if re.match(r"^\s+/\*[0-9a-f]{4,}\*/", line)]
 
 
-def _masked(code: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(_PARAM.sub("c[param]", _ADDRESS.sub("", x)) for x in code)
+def _masked(code: tuple[str, ...], registers: bool = False) -> tuple[str, ...]:
+    masked = (_PARAM.sub("c[param]", _ADDRESS.sub("", x)) for x in code)
+    return tuple(_REGISTER.sub("R", x) for x in masked) if registers else tuple(masked)
 
 
 def compare(before: list[Path], after: list[Path]) -> str:
@@ -75,6 +79,8 @@ def compare(before: list[Path], after: list[Path]) -> str:
         return "identical"
     if {_masked(x) for x in a} == {_masked(x) for x in b}:
         return "same code, other parameter offsets"
+    if {_masked(x, registers=True) for x in a} == {_masked(x, registers=True) for x in b}:
+        return "same code, registers renamed"
     return f"differs ({sorted(len(x) for x in a)} -> {sorted(len(x) for x in b)} instructions)"
 
 
