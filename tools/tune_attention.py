@@ -36,27 +36,27 @@ SETS = {
     "window": [(1, 8, 16384, 128, 128, False, (2048, 2048))],
     "rope": [(1, 16, 16384, 128, 128, False, None, torch.float32), (1, 16, 16384, 128, 128, False, None, torch.float16)],
     "dropout": [(1, 16, 16384, 128, 128, False, None, "dropout")],
-    # The dK/dV pass alone at hd128 (2026-11-30 profile: it executes 533 / 465 TF/s non-causal /
-    # causal against the dQ pass's 646 / 704; benchmarks/bwd_profile.py).
+    # The dK/dV pass alone at hd128 (it executes 533 / 465 TF/s non-causal / causal against the dQ
+    # pass's 646 / 704; docs/design/attention-backward.md).
     "dkdv128": [(1, 16, 16384, 128, 128, False, None), (1, 16, 16384, 128, 128, True, None)],
     # RoPE's backward without register spills: at the tile table's 64x128 dK/dV and 128x64 s3 dQ
     # the sm_90 compile spills (104 / 34 stores with 16-bit tables, 264 / 48 with fp32;
-    # offline_compile.py rope-bf16 128); these candidates compile without (2026-11-30).
-    # The masked dK/dV pass after it became one loop (ptxas no longer serialises its wgmma; 2026-11-30):
+    # offline_compile.py rope-bf16 128); these candidates compile without.
+    # The masked dK/dV pass after it became one loop (ptxas no longer serialises its wgmma):
     # are the causal tiles (s2, chosen while it was serialised) still the best?
     "masked-dkdv": [(1, 16, 16384, 128, 128, True, None), (1, 8, 16384, 128, 128, False, (2048, 2048)),
                     (1, 32, 16384, 64, 64, True, None)],
-    # (128, 192), whose fwd+bwd (347 TF/s) is the furthest below its issue-3 bar (425): the table's
-    # dK/dV tile 32x128 w8 s2 spills 52 bytes at sm_90; these compile without spills (2026-11-30,
+    # (128, 192), whose fwd+bwd (347 TF/s) is the furthest below a bar of 425: the table's
+    # dK/dV tile 32x128 w8 s2 spills 52 bytes at sm_90; these compile without spills (
     # offline_compile.py plain 128 192 --dkdv ...), untimed.
     "dv192": [(1, 8, 16384, 128, 192, False, None), (1, 8, 16384, 192, 128, False, None)],
-    # (64, 192), Enformer's: fwd+bwd 372 TF/s against its issue-3 bar of 380 (2026-11-30).
+    # (64, 192), Enformer's: fwd+bwd 372 TF/s against a bar of 380.
     "dv64": [(1, 8, 16384, 64, 192, False, None)],
     # V held as two channel groups (configs.value_blocks: 192 = 128 + 64, no padded channels):
     # the tiles chosen for the padded 256-wide V no longer bind. Candidates that compile at
-    # sm_90 without spills and within shared memory (offline_compile.py, 2026-11-30).
+    # sm_90 without spills and within shared memory (offline_compile.py).
     "dv-split": [(1, 8, 16384, 64, 192, False, None), (1, 8, 16384, 128, 192, False, None)],
-    # hd256's backward, at half of SDPA flash's fwd+bwd in the papers' sweep (2026-11-30): the
+    # hd256's backward, at half of SDPA flash's fwd+bwd in the papers' sweep: the
     # table's dK/dV tile (32x64, 4 warps) holds 2 x 64 x 256 float32 accumulators over 128 threads
     # and spills 1.5 KB at sm_90; with 8 warps 32x64 compiles without spills (offline_compile.py).
     "hd256": [(2, 8, 8192, 256, 256, False, None)],
@@ -66,14 +66,14 @@ SETS = {
     # ended the run; qk-split-2 below is the set to use.
     "qk-split": [(1, 8, 16384, 192, 128, False, None), (2, 8, 8192, 192, 192, False, None),
                  (1, 16, 16384, 96, 96, False, None)],
-    # The papers' sweep at N <= 1,024, where genoflash trails FA2 (2026-11-30): the long-N tiles
+    # The papers' sweep at N <= 1,024, where genoflash trails FA2: the long-N tiles
     # (3 stages, ~196 KB shared at hd128) fit one CTA per SM, so nothing hides a short program's
     # prologue and epilogue. Candidates with 2 stages or narrower tiles fit two.
     "small-n": [(32, 16, 512, 128, 128, False, None), (32, 16, 512, 128, 128, True, None),
                 (32, 32, 512, 64, 64, True, None), (16, 8, 1024, 256, 256, False, None)],
     # hd256's backward, 8-14% behind SDPA flash in the sweep at 8a2b967: a wider search than
     # "hd256" above, over the tiles that compile at sm_90 without spills (offline_compile.py plain
-    # 256, 2026-11-30: dK/dV 16x64 w8 s3/s4 229/238 regs, 32x64 w8 s4 197 KB shared; 16-warp and
+    # 256: dK/dV 16x64 w8 s3/s4 229/238 regs, 32x64 w8 s4 197 KB shared; 16-warp and
     # 128-key tiles spill; dQ 128x32 w8 s3/s4, 64x32 w4 s4, 32x64 w4 s3, 64x64 w8 s3), at the
     # sweep's N8192 (both masks) and N1024.
     # hd256's forward over the papers' sweep lengths (16k tokens per batch, H8), where it trailed FA2
@@ -83,14 +83,14 @@ SETS = {
     "hd256-2": [(2, 8, 8192, 256, 256, False, None), (2, 8, 8192, 256, 256, True, None),
                 (16, 8, 1024, 256, 256, False, None)],
     # hd128's dK/dV pass is latency-bound in its one 8-warp CTA per SM (255 registers, 161 KB
-    # shared; ncu 2026-11-30). One-warpgroup tiles with 64 keys fit two CTAs per SM (registers
+    # shared; ncu). One-warpgroup tiles with 64 keys fit two CTAs per SM (registers
     # 205-255, shared 49-83 KB at sm_90, offline_compile.py plain 128 --dkdv ...), whose
-    # independent instruction streams the schedulers can interleave (2026-12-01).
+    # independent instruction streams the schedulers can interleave.
     "dkdv-2cta": [(1, 16, 16384, 128, 128, False, None), (1, 16, 16384, 128, 128, True, None),
                   (1, 8, 65536, 128, 128, False, None)],
     # The forward at the papers' sweep's short N (16k tokens per batch, hidden 2048). At N = 512 the
     # hd64 causal point is GPU-bound, not host-bound (attention_host_probe.py and bwd_profile.py,
-    # 2026-12-01: forward 0.261 ms, 132 TF/s executed), and small-n's run (8a2b967) had hd64 causal
+    # forward 0.261 ms, 132 TF/s executed), and small-n's run (8a2b967) had hd64 causal
     # 64x64 w4 s3 at 0.159 ms against the table's 128x64 w8 s3 at 0.261. Where does that stop?
     "short-fwd": [(b, h, n, d, d, c, None) for d, h in ((64, 32), (128, 16)) for n, b in ((512, 32), (1024, 16),
                   (2048, 8), (4096, 4)) for c in (False, True)],
@@ -155,7 +155,7 @@ CANDIDATES = {
                 [TileConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2),
                                           (128, 32, 4, 2)]]),
     # 32x64 w4 s3 is left out of dK/dV: at hd 96 with both channel splits it faulted (an illegal
-    # memory access at N >= 4,096, not under compute-sanitizer; results/h200-2026-11-30-tile-fault-probe-hd96.log).
+    # memory access at N >= 4,096, not under compute-sanitizer; docs/design/tile-configs.md).
     "qk-split-2": ([TileConfig(*c) for c in [(128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3)]],
                    [TileConfig(*c) for c in [(16, 128, 8, 3), (32, 64, 8, 3), (32, 128, 8, 2), (64, 128, 8, 3),
                                              (64, 64, 8, 3)]],
@@ -213,7 +213,7 @@ def main() -> None:
                 from genoflash.ops.attention.dropout import DropoutArgs
                 tables = dict(dropout=DropoutArgs(0.1, 1234, 0))
             elif len(shape) > 7:
-                from genoflash.rotary import rotary_tables
+                from genoflash.ops.rotary import rotary_tables
                 cos, sin = rotary_tables(n, d, device="cuda", dtype=shape[7])
                 tables = dict(rotary_cos=cos, rotary_sin=sin)
                 shape = (*shape[:7], str(shape[7]))

@@ -274,7 +274,7 @@ def rope_pass_rows(b, h, n, d):
     layer both ways (dim = h * d). float16 tables, as the layer passes them for bf16 inputs."""
     import genoflash
     from genoflash.layers import MultiHeadAttention
-    from genoflash.rotary import rotary_tables
+    from genoflash.ops.rotary import rotary_tables
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
