@@ -13,7 +13,7 @@ import torch
 
 from ...backends import triton_interpreted
 from ...settings import current as current_settings
-from ..common.checks import check_cu_seqlens
+from ..common.checks import check_cu_seqlens, check_float_tensor
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset, dropout_threshold
 
@@ -21,22 +21,12 @@ __all__ = ["MAX_HEADDIM", "attention_args", "check_cu_seqlens", "check_qkv", "ch
            "last_dim_contiguous"]
 
 MAX_HEADDIM = 256
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Tile-local offsets in the kernels are int32: up to 256 rows times the sequence stride.
 _MAX_SEQ_STRIDE = (2**31 - 1) // 256
 
 
 # ---------------------------------------------------------------- validation
-
-def check_tensor(name: str, t, rank: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16 or float32), got {t.dtype}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
-
 
 def check_headdim(name: str, d: int) -> None:
     if d > MAX_HEADDIM or d % 8 != 0 or d < 8:
@@ -46,7 +36,7 @@ def check_headdim(name: str, d: int) -> None:
 def check_qkv(q, k, v, varlen: bool) -> None:
     rank, layout = (3, "(total, nheads, headdim)") if varlen else (4, "(batch, seqlen, nheads, headdim)")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, rank, layout)
+        check_float_tensor(name, t, rank, layout)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.device == k.device == v.device):

@@ -5,6 +5,19 @@ from __future__ import annotations
 
 import torch
 
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_float_tensor(name: str, t, rank: int, layout: str) -> None:
+    """t is a floating-point torch.Tensor of the given rank (layout names its axes, for the message)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
+                        f"got {t.dtype}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
+
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, device) -> list[int]:
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:

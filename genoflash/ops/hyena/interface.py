@@ -6,24 +6,13 @@ from __future__ import annotations
 import torch
 
 from ...backends import select_backend, triton_interpreted
-from .fftconv import FFTConvFunction, auto_channel_chunk, compute_dtype, conv_geometry
+from ..common.checks import check_float_tensor
 from . import staging
+from .fftconv import FFTConvFunction, auto_channel_chunk, compute_dtype, conv_geometry
 from .staging import Staging
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _check_float_tensor(name: str, t, rank: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
-
-
 def _check_filter(h: torch.Tensor, seqlen: int, channels: int, causal: bool) -> None:
-    _check_float_tensor("h", h, 2, "(channels, taps)")
+    check_float_tensor("h", h, 2, "(channels, taps)")
     if h.shape[0] != channels:
         raise ValueError(f"h has {h.shape[0]} channels but x has {channels}")
     taps = h.shape[1]
@@ -38,7 +27,7 @@ def _check_filter(h: torch.Tensor, seqlen: int, channels: int, causal: bool) -> 
 def _check_and_apply(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, causal: bool,
                      channel_chunk: int | None, channels_last: bool) -> torch.Tensor:
     layout = "(batch, seqlen, channels)" if channels_last else "(batch, channels, seqlen)"
-    _check_float_tensor("x", x, 3, layout)
+    check_float_tensor("x", x, 3, layout)
     if min(x.shape) < 1:
         raise ValueError(f"x must have batch, seqlen and channels >= 1, got shape {tuple(x.shape)} {layout}")
     if not isinstance(causal, bool):
@@ -47,7 +36,7 @@ def _check_and_apply(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, c
         (x.shape[0], x.shape[2], x.shape[1])
     _check_filter(h, seqlen, channels, causal)
     if D is not None:
-        _check_float_tensor("D", D, 1, "(channels,)")
+        check_float_tensor("D", D, 1, "(channels,)")
         if D.shape[0] != channels:
             raise ValueError(f"D has {D.shape[0]} channels but x has {channels}")
     for name, t in (("h", h), ("D", D)):

@@ -215,7 +215,7 @@ def _bad_calls():
         (lambda: fftconv(x, hb[:, :14], causal=False), ValueError, "odd number"),
         (lambda: fftconv(x, torch.randn(3, 17), causal=False), ValueError, "at most 2 \\* seqlen - 1"),
         (lambda: fftconv(x, h, D[:2]), ValueError, "D has 2 channels"),
-        (lambda: fftconv(x, h, D.int()), TypeError, "D must be float16"),
+        (lambda: fftconv(x, h, D.int()), TypeError, "D must be a floating-point tensor"),
         (lambda: fftconv(x, h.to("meta")), ValueError, "device"),
         (lambda: fftconv(x, h, causal=1), TypeError, "causal must be a bool"),
         (lambda: fftconv(x, h, channel_chunk=0), ValueError, "channel_chunk must be >= 1"),
