@@ -85,3 +85,88 @@ def test_gpu_script_split_runs_every_file_once_and_fails_with_either_half(tmp_pa
     ran = re.findall(r"tests/[\w/]*test_\w+\.py", first + second)
     files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py"))
     assert sorted(ran) == files  # each test file in exactly one half
+
+
+# Which packages each package of genoflash may import (its own modules always): the layering in
+# DEVELOPERS.md. The top-level modules settings, backends, extras and padding are below everything.
+BASE = {"genoflash.settings", "genoflash.backends", "genoflash.extras", "genoflash.padding"}
+MAY_IMPORT = {
+    "data": set(),
+    "ops": set(),
+    "layers": {"ops"},
+    "models": {"layers", "ops", "data"},
+    "distributed": {"ops", "layers", "models", "data"},
+    "integrations": {"ops"},
+    "train": {"ops", "layers", "models", "data", "distributed"},
+    "bench": {"ops", "layers", "models", "data", "distributed", "train", "api"},  # api: genoflash's public names
+}
+
+
+def _imports():
+    """(module, imported module or package, imported name) for every `from ... import` in genoflash,
+    function-level imports included."""
+    import ast
+
+    for path in sorted((ROOT / "genoflash").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        package = parts if parts[-1] == "__init__" else parts[:-1]
+        package = [p for p in package if p != "__init__"]
+        module = ".".join(p for p in parts if p != "__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("genoflash"):
+                for alias in node.names:
+                    yield module, target, alias.name
+
+
+def _group(name: str) -> str:
+    parts = name.split(".")
+    return "base" if name in BASE or len(parts) < 2 else parts[1]
+
+
+def test_packages_depend_only_downward_and_import_no_private_names_across_packages():
+    wrong, private = [], []
+    for module, target, name in _imports():
+        src = _group(module)
+        if target == "genoflash":  # `from genoflash import x`: a submodule, or a name of the public API
+            dst = _group(f"genoflash.{name}") if (ROOT / "genoflash" / f"{name}.py").exists() or \
+                (ROOT / "genoflash" / name).is_dir() else "api"
+        else:
+            dst = _group(target)
+        if src in MAY_IMPORT and dst not in MAY_IMPORT[src] | {src, "base"}:
+            wrong.append(f"{module} imports {target}.{name}")
+        # a private (_name) import from outside the module's own package (e.g. ops.rotary taking
+        # one of ops.attention's): Triton helpers are shared as _names within their operator's folder
+        if name.startswith("_") and not name.startswith("__") and not target.startswith(module.rsplit(".", 1)[0]):
+            private.append(f"{module} imports {target}.{name}")
+    assert not wrong, "imports that run upward:\n" + "\n".join(wrong)
+    assert not private, "private names imported across packages:\n" + "\n".join(private)
+
+
+def test_no_import_circle():
+    graph: dict[str, set[str]] = {}
+    modules = {".".join(p for p in path.relative_to(ROOT).with_suffix("").parts if p != "__init__")
+               for path in (ROOT / "genoflash").rglob("*.py")}
+    for module, target, name in _imports():
+        dst = f"{target}.{name}" if f"{target}.{name}" in modules else target
+        if dst in modules and dst != module:
+            graph.setdefault(module, set()).add(dst)
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            assert state.get(nxt) != 1, "import circle: " + " -> ".join(path[path.index(nxt):] + [nxt])
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
