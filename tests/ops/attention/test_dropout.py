@@ -10,7 +10,7 @@ import torch
 import genoflash
 from genoflash.ops.attention.dropout import DropoutArgs
 from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
-from genoflash.ops.rotary import rotary_tables, rotate
+from genoflash.ops.rotary import rotary_tables, rotate, rotate_packed
 
 from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
 from tests.utils import HAS_CUDA
@@ -84,12 +84,10 @@ def test_rope_dropout_window_varlen_together(backend, device):
             a, b, c, cu_s, cu_s, 90, 90, 0.2, rotary_cos=cos, rotary_sin=sin, dropout_seed=99, dropout_offset=7,
             **kw), q, k, v, dout)
 
-    def rotated_then_reference(a, b, c):
+    def rotated_then_reference(a, b, c):  # positions restart at 0 in each sequence
         bounds = cu_s.tolist()
-        rot = [(rotate(a[None, s:e], cos, sin)[0], rotate(b[None, s:e], cos, sin)[0])
-               for s, e in zip(bounds, bounds[1:])]
-        return attention_reference_varlen(torch.cat([r[0] for r in rot]), torch.cat([r[1] for r in rot]), c, cu_s,
-                                          cu_s, dropout=d, **kw)[0]
+        a, b = (rotate_packed(x, cos, sin, bounds, [0] * len(lens)) for x in (a, b))
+        return attention_reference_varlen(a, b, c, cu_s, cu_s, dropout=d, **kw)[0]
 
     truth, same = reference_pair(q, k, v, dout, fn=rotated_then_reference)
     assert_within_rule(got, truth, same)

@@ -11,7 +11,7 @@ import torch
 import genoflash
 from genoflash.layers import MultiHeadAttention
 from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
-from genoflash.ops.rotary import rotary_tables, rotate
+from genoflash.ops.rotary import rotary_tables, rotate, rotate_packed
 
 from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
 from tests.utils import HAS_CUDA
@@ -137,8 +137,7 @@ def test_rotary_varlen_with_seqlen_q_below_seqlen_k(backend, device):
 
 
 def per_sequence_rotated(x, cu_s, cos, sin):
-    bounds = cu_s.tolist()
-    return torch.cat([rotate(x[None, s:e], cos, sin)[0] for s, e in zip(bounds, bounds[1:])])
+    return rotate_packed(x, cos, sin, cu_s.tolist(), [0] * (cu_s.numel() - 1))
 
 
 # ---------------------------------------------------------------- tables
