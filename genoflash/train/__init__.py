@@ -2,6 +2,6 @@
 (`genoflash train`) and the full-vs-local attention demo (`genoflash demo`)."""
 
 from .classifier import SequenceClassifier
-from .trainer import TrainConfig, auroc, train
+from .trainer import TrainConfig, TrainingDiverged, auroc, load_trained_model, train
 
-__all__ = ["SequenceClassifier", "TrainConfig", "auroc", "train"]
+__all__ = ["SequenceClassifier", "TrainConfig", "TrainingDiverged", "auroc", "load_trained_model", "train"]

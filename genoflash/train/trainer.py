@@ -13,10 +13,15 @@ What makes a long job safe to stop and restart:
   items ``(s * grad_accum + j) * batch_size ...`` (``batch_size`` of them) of a lazily
   generated dataset, so a resumed run reads exactly the batches the uninterrupted run would
   have.
-- ``out_dir/checkpoint.pt`` holds the model, optimizer, scheduler, the torch / numpy /
-  python RNG states and the step (which is also the data position); it is written to a
-  temporary file and renamed, so a crash mid-write never leaves a broken checkpoint.
-  ``--resume`` continues bit for bit (on CPU; CUDA kernels may differ in the last bits).
+- ``out_dir/checkpoints/step-<n>/`` holds the weights (safetensors), the optimizer's and the
+  RNG states (safetensors and JSON) and the step (which is also the data position): nothing that
+  loading could run as code. Each is written beside the others and renamed into place, flushed
+  to disk, so a crash mid-write never leaves a broken checkpoint; the newest ``keep_checkpoints``
+  stay (checkpoint.py). ``--resume`` continues bit for bit (on CPU; CUDA kernels may differ in the
+  last bits) from the newest checkpoint that loads, and drops a log line a kill cut short.
+- A step whose loss or gradient norm is not finite changes no weight (the update is skipped and
+  logged); ``max_bad_steps`` of them in a row stop the run with an error, the last checkpoint
+  (taken from good weights) kept.
 - A sample that raises is logged once and replaced by the next index that loads
   (deterministically, so resume still matches); ``--strict`` makes it fatal instead.
 
@@ -60,10 +65,12 @@ from ..data import GenomeWindowDataset, MotifGrammar, SyntheticLongRangeDataset
 from ..data.examples import resolve_fasta
 from ..extras import require
 from ..models.dna_lm import DNALM, DNALMConfig
+from . import checkpoint
 from .classifier import SequenceClassifier
 
 logger = logging.getLogger(__name__)
-CHECKPOINT_NAME, LOG_NAME, PLOT_NAME = "checkpoint.pt", "log.jsonl", "curves.png"
+LOG_NAME, PLOT_NAME = "log.jsonl", "curves.png"
+LEGACY_CHECKPOINT = "checkpoint.pt"  # the pickled format of genoflash 0.1.0, no longer loaded
 TASKS = ("synthetic", "lm")
 
 
@@ -106,6 +113,9 @@ class TrainConfig:
     eval_every: int = _option(50, "steps between held-out evaluations (0: only at the end)")
     eval_samples: int = _option(256, "held-out sequences per evaluation")
     checkpoint_every: int = _option(100, "steps between checkpoints (one is always written at the end)")
+    keep_checkpoints: int = _option(2, "how many of the newest checkpoints to keep")
+    max_bad_steps: int = _option(10, "stop after this many steps in a row whose loss or gradient is not finite "
+                                     "(each is skipped: no weight changes)")
     stop_at: int = _option(0, "stop after this step with a checkpoint, for time-limited jobs (0: run to steps)")
     out_dir: str = _option("genoflash-train", "logs, checkpoint and plot go here")
     seed: int = _option(0, "seeds the model, the data stream and the grammar")
@@ -321,43 +331,53 @@ def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, device
 
 # ---------------------------------------------------------------- checkpoints
 
-def save_checkpoint(path: pathlib.Path, model, optimizer, scheduler, step: int, batch_size: int | None = None,
-                    grad_accum: int = 1) -> None:
-    """Everything needed to continue exactly; written to a temp file, then renamed (atomic).
-    ``data_position`` is the step; ``batch_size`` and ``grad_accum`` say how many samples each
-    step read, so a resume with other values can be told apart."""
-    state = {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "step": step, "data_position": step, "batch_size": batch_size, "grad_accum": grad_accum,
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+class TrainingDiverged(RuntimeError):
+    """max_bad_steps steps in a row had a non-finite loss or gradient."""
 
 
-def load_checkpoint(path: pathlib.Path, model, optimizer, scheduler, cfg: TrainConfig | None = None) -> int:
-    """Restore the states saved by `save_checkpoint`; returns the step to continue from.
-    With `cfg`, warns when the checkpoint's batch_size or grad_accum differ from it (the run
-    then reads other samples than the uninterrupted one would have)."""
-    state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: RNG states need pickle
-    if cfg is not None:
-        for key in ("batch_size", "grad_accum"):
-            saved = state.get(key)
-            if saved is not None and saved != getattr(cfg, key):
-                logger.warning("%s: the checkpoint was written with %s=%s, this run has %s; the data stream "
-                               "continues at the new position, not where the interrupted run would have read",
-                               path, key, saved, getattr(cfg, key))
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
-    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return int(state["step"])
+def _trainer_state(cfg: TrainConfig, step: int) -> dict:
+    """What a checkpoint records of the run besides the model and optimizer: the step, which is
+    also the data position, and how many samples each step read, so that a resume with other
+    batch settings can be told apart."""
+    return {"data_position": step, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum}
+
+
+def resume(out_dir: pathlib.Path, model, optimizer, scheduler, cfg: TrainConfig) -> int:
+    """Restore the newest checkpoint that loads; returns the step to continue from (0: none)."""
+    if (out_dir / LEGACY_CHECKPOINT).exists() and not checkpoint.checkpoint_dirs(out_dir):
+        raise checkpoint.CheckpointError(
+            f"{out_dir / LEGACY_CHECKPOINT} is a pickled checkpoint of genoflash 0.1.0, which this version does not "
+            f"load (loading a pickle can run code); start the run afresh")
+    document = checkpoint.load_latest(out_dir, model, optimizer, scheduler)
+    if document is None:
+        return 0
+    saved = document["trainer"]
+    for key in ("batch_size", "grad_accum"):
+        if saved.get(key) != getattr(cfg, key):
+            logger.warning("the checkpoint was written with %s=%s, this run has %s; the data stream continues at "
+                           "the new position, not where the interrupted run would have read", key, saved.get(key),
+                           getattr(cfg, key))
+    logger.info("resumed from %s at step %d", out_dir / checkpoint.CHECKPOINTS, document["step"])
+    return int(document["step"])
+
+
+def load_trained_model(out_dir: str | os.PathLike) -> torch.nn.Module:
+    """The model a `genoflash train` run trained: built from its config.yaml, with the weights of its
+    newest checkpoint that loads, on the CPU in eval mode. Reads only YAML and safetensors."""
+    out_dir = pathlib.Path(out_dir)
+    yaml = require("yaml", "train", "loading a training run")
+    cfg = TrainConfig(**yaml.safe_load((out_dir / "config.yaml").read_text()))
+    model = build_model(cfg)
+    safetensors = require("safetensors.torch", "train", "loading a training run")
+    reasons = []
+    for path in checkpoint.checkpoint_dirs(out_dir):
+        try:
+            safetensors.load_model(model, str(path / checkpoint.WEIGHTS), strict=True)
+            return model.eval()
+        except Exception as error:  # noqa: BLE001 - a damaged checkpoint: the one before it
+            reasons.append(f"{path.name}: {type(error).__name__}: {error}")
+    raise checkpoint.CheckpointError(f"no checkpoint in {out_dir / checkpoint.CHECKPOINTS} loads" +
+                                     "".join(f"\n  {r}" for r in reasons))
 
 
 # ---------------------------------------------------------------- the loop
@@ -414,11 +434,8 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
 
-    checkpoint_path, log_path = out_dir / CHECKPOINT_NAME, out_dir / LOG_NAME
-    start = 0
-    if cfg.resume and checkpoint_path.exists():
-        start = load_checkpoint(checkpoint_path, model, optimizer, scheduler, cfg)
-        logger.info("resumed from %s at step %d", checkpoint_path, start)
+    log_path = out_dir / LOG_NAME
+    start = resume(out_dir, model, optimizer, scheduler, cfg) if cfg.resume else 0
     history = _restart_log(log_path, start) if main_rank else []
     last = min(cfg.steps, cfg.stop_at or cfg.steps)
 
@@ -430,6 +447,7 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
 
     model.train()
     tokens_seen, tick = 0, time.perf_counter()
+    bad_in_a_row = 0
     with _progress(cfg.progress and start < last and main_rank) as bar:
         task = bar.add_task(f"{cfg.task} {cfg.layer_pattern}", total=last, completed=start, info="")
         for step in range(start, last):
@@ -461,30 +479,51 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
                     loss += cp.global_value(local) * weight
             if cp is not None:
                 cp.sum_gradients(model)  # once per step: every rank now holds the full-sequence gradient
-            grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                         if cfg.grad_clip > 0 else None)
-            optimizer.step()
+            # The norm is taken whether or not it clips (inf: no clipping), to see a non-finite gradient.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                       cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            # Every rank holds the same loss and gradient (context parallelism sums them), so every
+            # rank takes the same decision here.
+            finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm))
+            skipped = None
+            if finite:
+                optimizer.step()
+                bad_in_a_row = 0
+            else:  # no weight and no optimizer moment changes: the step is skipped, the schedule goes on
+                optimizer.zero_grad(set_to_none=True)
+                bad_in_a_row += 1
+                skipped = "non-finite loss" if not torch.isfinite(loss) else "non-finite gradient"
+                logger.warning("step %d: %s (loss %s, gradient norm %s); its update is skipped", step + 1, skipped,
+                               float(loss), float(grad_norm))
             scheduler.step()
             done = step + 1
-            if done % cfg.log_every == 0 or done == last:
+            if done % cfg.log_every == 0 or done == last or skipped:  # a skipped step is always logged
                 elapsed = time.perf_counter() - tick
                 entry = {"step": done, "loss": loss.item() if total else math.nan, "lr": scheduler.get_last_lr()[0],
                          "seq_len": length, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
                          "skipped_samples": len(train_fetch.failed)}
-                if grad_norm is not None:
+                if cfg.grad_clip > 0 or skipped:
                     entry["grad_norm"] = float(grad_norm)
+                if skipped:
+                    entry["skipped"] = skipped
                 if device.type == "cuda":
                     entry["gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
                 record(entry)
                 tokens_seen, tick = 0, time.perf_counter()
                 bar.update(task, info=_bar_text(entry))
+            if bad_in_a_row >= cfg.max_bad_steps:
+                raise TrainingDiverged(
+                    f"{bad_in_a_row} steps in a row had a non-finite loss or gradient (the last at step {done}); "
+                    f"stopping. The checkpoints in {out_dir / checkpoint.CHECKPOINTS} hold the last good weights; "
+                    f"try a lower --lr, a longer --warmup-steps or --grad-clip")
             if done == last or (cfg.eval_every and done % cfg.eval_every == 0):
                 metrics = evaluate(model, eval_fetch, cfg, device, cp)
                 record({"step": done, "eval": metrics})
                 if on_eval is not None:
                     on_eval(done, metrics)
             if main_rank and (done == last or done % cfg.checkpoint_every == 0):
-                save_checkpoint(checkpoint_path, model, optimizer, scheduler, done, cfg.batch_size, cfg.grad_accum)
+                checkpoint.save(out_dir, done, model, optimizer, scheduler, _trainer_state(cfg, done),
+                                cfg.keep_checkpoints)
             bar.update(task, completed=done)
 
     evals = [h["eval"] for h in history if "eval" in h]
@@ -522,10 +561,18 @@ def _join_context_parallel_group(device: torch.device) -> torch.device:
 
 
 def _restart_log(log_path: pathlib.Path, start: int) -> list[dict]:
-    """Records up to `start` (a resumed run rewrites what came after its checkpoint)."""
+    """Records up to `start` (a resumed run rewrites what came after its checkpoint). A line that is
+    not whole JSON (the last one, cut short by a kill mid-write) is dropped with a warning."""
     kept = []
     if start and log_path.exists():
-        kept = [r for r in map(json.loads, log_path.read_text().splitlines()) if r["step"] <= start]
+        for number, line in enumerate(log_path.read_text().splitlines(), 1):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("%s: line %d is not whole JSON (a write cut short); dropped", log_path, number)
+                continue
+            if entry.get("step", math.inf) <= start:
+                kept.append(entry)
     log_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     return kept
 

@@ -194,7 +194,7 @@ def test_context_parallel_training_equals_single_process(tmp_path, cp_overrides)
     assert evals == pytest.approx([h["eval"]["loss"] for h in cp["history"] if "eval" in h], rel=1e-4)
     for name, weight in single["model"].state_dict().items():
         assert torch.allclose(weight, cp["state"][name], rtol=1e-4, atol=1e-5), name
-    assert (tmp_path / "cp" / "checkpoint.pt").exists() and (tmp_path / "cp" / "log.jsonl").exists()
+    assert (tmp_path / "cp" / "checkpoints").is_dir() and (tmp_path / "cp" / "log.jsonl").exists()
 
 
 def test_context_parallel_config_errors():

@@ -1,6 +1,7 @@
-"""genoflash.train: learning, exact resume, config loading, AUROC, the demo, bad records."""
+"""genoflash.train: learning, exact resume, checkpoints, guards, config loading, AUROC, the demo, bad records."""
 
 import json
+import math
 import logging
 
 import pytest
@@ -59,9 +60,16 @@ def _run(out_dir, train_data, **overrides) -> tuple[list[dict], dict, list[torch
     cfg = TrainConfig(**{**TINY, "device": "cpu", "warmup_steps": 1, "out_dir": str(out_dir), **overrides})
     result = train(cfg, train_data=train_data, eval_data=train_data)
     steps = [h for h in result["history"] if "eval" not in h]
-    optimizer = torch.load(out_dir / "checkpoint.pt", weights_only=False)["optimizer"]
-    moments = [optimizer["state"][i]["exp_avg"] for i in sorted(optimizer["state"])]
+    moments = [v for k, v in sorted(_checkpoint_tensors(out_dir).items()) if k.endswith("/exp_avg")]
     return steps, result["model"].state_dict(), moments
+
+
+def _checkpoint_tensors(out_dir) -> dict:
+    """The newest checkpoint's optimizer and RNG tensors, by name (`optimizer/state/<i>/exp_avg`, ...)."""
+    from safetensors.torch import load_file
+
+    from genoflash.train.checkpoint import TENSORS, checkpoint_dirs
+    return load_file(str(checkpoint_dirs(out_dir)[0] / TENSORS))
 
 
 def _assert_same_training(a, b):
@@ -265,3 +273,143 @@ def test_model_config_fits_hyena_filters_to_the_run_length():
     # Hyena filters are defined over positions / hyena_l_max; a run's longest sequence is seq_len.
     assert TrainConfig(seq_len=224, distance=112).model_config().hyena_l_max == 224
     assert TrainConfig(task="lm", fasta="x.fa", seq_len=4096).model_config().hyena_l_max == 4096
+
+
+# ---------------------------------------------------------------- checkpoints and guards
+
+CKPT = dict(TINY, steps=6, checkpoint_every=2, device="cpu")
+
+
+def test_checkpoints_are_data_files_and_the_newest_two_stay(tmp_path):
+    from genoflash.train.checkpoint import checkpoint_dirs
+
+    train(TrainConfig(**CKPT, out_dir=str(tmp_path)))
+    dirs = checkpoint_dirs(tmp_path)
+    assert [d.name for d in dirs] == ["step-00000006", "step-00000004"]  # keep_checkpoints=2
+    assert sorted(p.name for p in dirs[0].iterdir()) == ["model.safetensors", "optimizer.safetensors", "state.json"]
+    assert not list((tmp_path / "checkpoints").glob(".*"))  # no partial directory left
+
+
+def _malicious_pickle(path, marker):
+    """A file that runs `open(marker, "w")` when unpickled (torch.load with weights_only=False does)."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return open, (str(marker), "w")
+    path.write_bytes(pickle.dumps(Payload()))
+
+
+def test_no_code_in_a_checkpoint_runs_on_resume(tmp_path):
+    from genoflash.train.checkpoint import CheckpointError, checkpoint_dirs
+
+    marker = tmp_path / "pwned"
+    # The old pickled format: refused with a clear error, never unpickled.
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    _malicious_pickle(legacy / "checkpoint.pt", marker)
+    with pytest.raises(CheckpointError, match="pickled checkpoint"):
+        train(TrainConfig(**CKPT, resume=True, out_dir=str(legacy)))
+    # A pickle planted in place of a checkpoint's files: they do not load, and nothing runs.
+    run = tmp_path / "run"
+    train(TrainConfig(**CKPT, out_dir=str(run)))
+    for newest in checkpoint_dirs(run):
+        for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
+            _malicious_pickle(newest / name, marker)
+    with pytest.raises(CheckpointError, match="no checkpoint .* loads"):
+        train(TrainConfig(**CKPT, resume=True, out_dir=str(run)))
+    assert not marker.exists()
+
+
+def test_resume_falls_back_to_the_newest_checkpoint_that_loads(tmp_path, caplog):
+    from genoflash.train.checkpoint import checkpoint_dirs
+
+    cfg = dict(CKPT, steps=8)
+    straight = train(TrainConfig(**cfg, out_dir=str(tmp_path / "a")))["model"]
+    run = tmp_path / "b"
+    train(TrainConfig(**cfg, stop_at=6, out_dir=str(run)))
+    newest = checkpoint_dirs(run)[0]
+    assert newest.name == "step-00000006"
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a torn write
+    with (run / "log.jsonl").open("a") as log:
+        log.write('{"step": 7, "lo')  # a line a kill cut short
+    with caplog.at_level(logging.WARNING):
+        resumed = train(TrainConfig(**cfg, resume=True, out_dir=str(run)))["model"]
+    assert "step-00000006 does not load" in caplog.text and "resuming from" in caplog.text
+    assert "not whole JSON" in caplog.text
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name  # resumed from step 4, exactly as the straight run
+    steps = [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines() if "eval" not in line]
+    assert steps == list(range(1, 9))
+
+
+def test_a_save_cut_short_leaves_the_checkpoints_before_it(tmp_path, monkeypatch):
+    from genoflash.train import checkpoint
+
+    run = tmp_path / "run"
+    train(TrainConfig(**CKPT, stop_at=4, out_dir=str(run)))
+    real_fsync = checkpoint._fsync
+
+    def killed(path):
+        if path.name == "state.json":
+            raise KeyboardInterrupt  # the process dies mid-save
+        real_fsync(path)
+
+    monkeypatch.setattr(checkpoint, "_fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(**CKPT, resume=True, out_dir=str(run)))
+    monkeypatch.setattr(checkpoint, "_fsync", real_fsync)
+    assert [d.name for d in checkpoint.checkpoint_dirs(run)] == ["step-00000004", "step-00000002"]
+    assert list((run / "checkpoints").glob(".step-*.partial*"))  # what the kill left
+    train(TrainConfig(**CKPT, resume=True, out_dir=str(run)))  # resumes from step 4 and finishes
+    assert [d.name for d in checkpoint.checkpoint_dirs(run)] == ["step-00000006", "step-00000004"]
+    assert not list((run / "checkpoints").glob(".step-*.partial*"))
+
+
+def test_a_step_with_a_non_finite_gradient_changes_no_weight(tmp_path, monkeypatch):
+    """One step's gradient norm made NaN: that step's update is skipped and logged, and the run
+    goes on; the weights stay finite."""
+    real = torch.nn.utils.clip_grad_norm_
+    calls = []
+
+    def nan_at_step_3(parameters, max_norm):
+        calls.append(1)
+        norm = real(parameters, max_norm)
+        return torch.full_like(norm, math.nan) if len(calls) == 3 else norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", nan_at_step_3)
+    result = train(TrainConfig(**CKPT, out_dir=str(tmp_path)))
+    skipped = [h for h in result["history"] if "skipped" in h]
+    assert [(h["step"], h["skipped"]) for h in skipped] == [(3, "non-finite gradient")]
+    assert all(torch.isfinite(p).all() for p in result["model"].parameters())
+
+
+def test_a_diverging_run_stops_and_keeps_good_weights(tmp_path):
+    """At lr 1e6 the loss goes non-finite: the run stops after max_bad_steps such steps in a row with a
+    clear error, and every checkpoint holds finite weights."""
+    from safetensors.torch import load_file
+
+    from genoflash.train.checkpoint import checkpoint_dirs
+    from genoflash.train.trainer import TrainingDiverged
+
+    cfg = TrainConfig(**{**CKPT, "steps": 40, "checkpoint_every": 1, "lr": 1e6, "min_lr": 0.0, "warmup_steps": 0,
+                         "grad_clip": 0.0, "max_bad_steps": 3}, out_dir=str(tmp_path))
+    with pytest.raises(TrainingDiverged, match="3 steps in a row"):
+        train(cfg)
+    dirs = checkpoint_dirs(tmp_path)
+    assert dirs
+    for d in dirs:
+        assert all(torch.isfinite(t).all() for t in load_file(str(d / "model.safetensors")).values()), d.name
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in log if "skipped" in h][-3:] == [h["step"] for h in log][-3:]
+
+
+def test_load_trained_model_reads_the_newest_checkpoint(tmp_path):
+    from genoflash.train import load_trained_model
+
+    result = train(TrainConfig(**CKPT, out_dir=str(tmp_path)))
+    model = load_trained_model(tmp_path)
+    assert not model.training
+    for (name, a), (_, b) in zip(result["model"].state_dict().items(), model.state_dict().items()):
+        assert torch.equal(a, b), name
