@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.attention import flash_attn_func, flash_attn_varlen_func
+from ..ops.attention import MAX_HEADDIM, flash_attn_func, flash_attn_varlen_func
 from ..ops.rotary import apply_rotary_emb, rotary_tables
 
 
@@ -63,6 +63,10 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.nheads, self.nheads_k = nheads, nheads_k or nheads
         self.head_dim = head_dim or dim // nheads
+        if self.head_dim % 8 or not 8 <= self.head_dim <= MAX_HEADDIM:  # what the kernels take (validation.py)
+            source = "head_dim" if head_dim else f"dim // nheads = {dim} // {nheads}"
+            raise ValueError(f"the head dim ({source} = {self.head_dim}) must be a multiple of 8 between 8 and "
+                             f"{MAX_HEADDIM}")
         if self.nheads % self.nheads_k:
             raise ValueError(f"nheads ({nheads}) must be divisible by nheads_k ({self.nheads_k})")
         self.causal, self.window_size, self.softcap, self.dropout = causal, window_size, softcap, dropout

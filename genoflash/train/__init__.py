@@ -2,6 +2,7 @@
 (`genoflash train`) and the full-vs-local attention demo (`genoflash demo`)."""
 
 from .classifier import SequenceClassifier
-from .trainer import TrainConfig, TrainingDiverged, auroc, load_trained_model, train
+from .config import ConfigError, TrainConfig
+from .trainer import TrainingDiverged, auroc, load_trained_model, train
 
-__all__ = ["SequenceClassifier", "TrainConfig", "TrainingDiverged", "auroc", "load_trained_model", "train"]
+__all__ = ["ConfigError", "SequenceClassifier", "TrainConfig", "TrainingDiverged", "auroc", "load_trained_model", "train"]

@@ -28,7 +28,8 @@ import time
 
 from ..data.synthetic import element_length
 from .classifier import STEM_KERNEL
-from .trainer import TrainConfig, resolve_device, train
+from .config import TrainConfig
+from .trainer import resolve_device, train
 
 # Sizes per device. Elements are `sites` x 16-base motifs; local reach (see `local_reach`) must
 # stay below the gap between the elements, distance - sites * (16 + spacer).

@@ -40,12 +40,11 @@ first ``seq_len_warmup_fraction`` of the steps. It applies to the ``lm`` task on
 crop of a synthetic sequence would usually cut out one of the two motifs and with it the
 label, so the synthetic task always trains at full length.
 
-Config: dataclass defaults, then ``--config file.yaml``, then command-line flags.
+Config: `TrainConfig` (config.py): defaults, then ``--config file.yaml``, then command-line flags.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -53,9 +52,9 @@ import math
 import os
 import pathlib
 import random
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -64,133 +63,15 @@ from torch.utils.data import Dataset
 from ..data import GenomeWindowDataset, MotifGrammar, SyntheticLongRangeDataset
 from ..data.examples import resolve_fasta
 from ..extras import require
-from ..models.dna_lm import DNALM, DNALMConfig
+from ..models.dna_lm import DNALM
 from . import checkpoint
 from .classifier import SequenceClassifier
+from .checkpoint import CheckpointError
+from .config import ConfigError, TrainConfig, build_parser, config_from_args
 
 logger = logging.getLogger(__name__)
 LOG_NAME, PLOT_NAME = "log.jsonl", "curves.png"
 LEGACY_CHECKPOINT = "checkpoint.pt"  # the pickled format of genoflash 0.1.0, no longer loaded
-TASKS = ("synthetic", "lm")
-
-
-def _option(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class TrainConfig:
-    """Everything a training run depends on; saved as out_dir/config.yaml."""
-
-    task: str = _option("synthetic", "synthetic (long-range classification) or lm (causal LM on a FASTA)")
-    fasta: str | None = _option(None, "FASTA file for the lm task, or the name of a genome shipped with genoflash "
-                                      "(arabidopsis-chloroplast, yersinia-plasmid, hg38-fragments)")
-    dim: int = _option(64, "model width")
-    depth: int = _option(2, "number of blocks")
-    nheads: int = _option(4, "attention heads")
-    layer_pattern: str = _option("G", "L (local) / G (global) letters, repeated to depth")
-    window_size: int = _option(128, "how far a local (L) layer sees, in tokens")
-    seq_len: int = _option(512, "tokens per sequence")
-    distance: int = _option(256, "synthetic: bases from the enhancer element's start to the promoter's")
-    n_families: int = _option(2, "synthetic: motif families")
-    motif_length: int = _option(16, "synthetic: bases per motif (binding site)")
-    sites: int = _option(1, "synthetic: motif copies per element (homotypic cluster; elements of ~30%% of "
-                            "seq_len learned within 300 steps of 16 up to 512 bp; see the synthetic module)")
-    spacer: int = _option(0, "synthetic: extra bases per site's slot (each copy jitters within it)")
-    margin: int = _option(64, "synthetic: bases kept free of elements at each end")
-    steps: int = _option(300, "optimizer steps")
-    batch_size: int = _option(16, "sequences per micro-batch (per step when grad_accum is 1)")
-    grad_accum: int = _option(1, "micro-batches per optimizer step: the effective batch is batch_size x grad_accum")
-    lr: float = _option(3e-3, "peak learning rate")
-    min_lr: float = _option(3e-4, "learning rate at the end of the cosine decay")
-    weight_decay: float = _option(0.01, "AdamW weight decay")
-    warmup_steps: int = _option(20, "linear learning-rate warmup steps")
-    grad_clip: float = _option(1.0, "clip the gradient norm to this (0: off)")
-    seq_len_warmup: bool = _option(False, "lm: start at seq_len_start and double up to seq_len")
-    seq_len_start: int = _option(1024, "lm: first length of the sequence-length warmup")
-    seq_len_warmup_fraction: float = _option(0.25, "lm: fraction of the steps the warmup spans")
-    log_every: int = _option(10, "steps between log lines")
-    eval_every: int = _option(50, "steps between held-out evaluations (0: only at the end)")
-    eval_samples: int = _option(256, "held-out sequences per evaluation")
-    checkpoint_every: int = _option(100, "steps between checkpoints (one is always written at the end)")
-    keep_checkpoints: int = _option(2, "how many of the newest checkpoints to keep")
-    max_bad_steps: int = _option(10, "stop after this many steps in a row whose loss or gradient is not finite "
-                                     "(each is skipped: no weight changes)")
-    stop_at: int = _option(0, "stop after this step with a checkpoint, for time-limited jobs (0: run to steps)")
-    out_dir: str = _option("genoflash-train", "logs, checkpoint and plot go here")
-    seed: int = _option(0, "seeds the model, the data stream and the grammar")
-    device: str = _option("auto", "auto (cuda if available), cpu or cuda")
-    strict: bool = _option(False, "fail on a sample that cannot be loaded instead of replacing it")
-    resume: bool = _option(False, "continue from out_dir/checkpoint.pt if it exists")
-    progress: bool = _option(True, "show a progress bar")
-    context_parallel: bool = _option(False, "lm: shard each sequence over the ranks of a torchrun job "
-                                            "(ring attention; global layers only)")
-
-    def __post_init__(self):
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
-        if self.task == "lm" and not self.fasta:
-            raise ValueError("the lm task needs --fasta")
-        if self.steps <= 0 or self.batch_size <= 0:
-            raise ValueError("steps and batch_size must be positive")
-        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) or self.grad_accum < 1:
-            raise ValueError(f"grad_accum (micro-batches per optimizer step) must be a positive integer, "
-                             f"got {self.grad_accum!r}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"min_lr must be in [0, lr = {self.lr}], got {self.min_lr!r}")
-        for name in ("weight_decay", "grad_clip"):  # grad_clip 0: no clipping
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps!r}")
-        if self.context_parallel and self.task != "lm":
-            raise ValueError("context_parallel shards long sequences of the lm task; the synthetic "
-                             "classifier pools over the whole sequence and is not supported")
-        if self.context_parallel and set(self.layer_pattern) != {"G"}:
-            raise ValueError(f"context_parallel needs global layers only (layer_pattern 'G'); ring attention has "
-                             f"no sliding window yet, got {self.layer_pattern!r}")
-
-    def model_config(self) -> DNALMConfig:
-        # Hyena's implicit filters span positions normalised by hyena_l_max: at the default 1M a
-        # 224-base sequence would see only the flat first 0.02% of every filter. The longest
-        # sequence this run sees is seq_len.
-        return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, causal=self.task == "lm",
-                           layer_pattern=self.layer_pattern, window_size=self.window_size,
-                           hyena_l_max=self.seq_len)
-
-
-# ---------------------------------------------------------------- config loading
-
-def build_parser(prog: str = "genoflash train") -> argparse.ArgumentParser:
-    """One flag per TrainConfig field (``--seq-len`` for seq_len), all defaulting to None
-    so that only flags actually given override the YAML file."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", help="YAML file of TrainConfig fields; flags override it")
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"])
-        else:
-            kind = str if f.default is None else type(f.default)
-            parser.add_argument(flag, type=kind, default=None, help=f.metadata["help"])
-    return parser
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, overridden by the YAML file (if any), overridden by the flags given."""
-    values: dict = {}
-    if args.config:
-        yaml = require("yaml", "train", "--config")
-        values = yaml.safe_load(pathlib.Path(args.config).read_text()) or {}
-        unknown = set(values) - {f.name for f in dataclasses.fields(TrainConfig)}
-        if unknown:
-            raise ValueError(f"{args.config}: unknown keys {sorted(unknown)}")
-    values.update({k: v for k, v in vars(args).items() if k != "config" and v is not None})
-    return TrainConfig(**values)
-
 
 # ---------------------------------------------------------------- schedules and metrics
 
@@ -409,10 +290,6 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     if cfg.context_parallel:
         device = _join_context_parallel_group(device)
     main_rank = not cfg.context_parallel or torch.distributed.get_rank() == 0
-    if main_rank:  # with context parallelism, rank 0 alone writes logs, checkpoints and plots
-        out_dir.mkdir(parents=True, exist_ok=True)
-        yaml = require("yaml", "train", "genoflash train")
-        (out_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     if cfg.seq_len_warmup and cfg.task != "lm":
         logger.warning("seq_len_warmup applies to the lm task only (a crop would lose a motif); ignored")
     torch.manual_seed(cfg.seed)
@@ -433,9 +310,12 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
                              f"{2 * cp.world_size} (the zigzag layout)")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-
     log_path = out_dir / LOG_NAME
     start = resume(out_dir, model, optimizer, scheduler, cfg) if cfg.resume else 0
+    # Only now, with the data, the model and any checkpoint loaded (a bad input has failed above),
+    # is out_dir written: a run that cannot start leaves no directory behind.
+    if main_rank:  # with context parallelism, rank 0 alone writes logs, checkpoints and plots
+        _write_config(out_dir, cfg)
     history = _restart_log(log_path, start) if main_rank else []
     last = min(cfg.steps, cfg.stop_at or cfg.steps)
 
@@ -532,6 +412,15 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     return {"final": evals[-1] if evals else {}, "history": history, "model": model}
 
 
+def _write_config(out_dir: pathlib.Path, cfg: TrainConfig) -> None:
+    """out_dir/config.yaml, replaced whole (written beside it, then renamed): never half written."""
+    yaml = require("yaml", "train", "genoflash train")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out_dir / "config.yaml.partial"
+    partial.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    os.replace(partial, out_dir / "config.yaml")
+
+
 def micro_batch_starts(step: int, cfg: TrainConfig) -> range:
     """First sample index of each micro-batch of `step`: (step * grad_accum + j) * batch_size."""
     first = step * cfg.grad_accum * cfg.batch_size
@@ -613,12 +502,31 @@ def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> Non
     plt.close(fig)
 
 
+# What a user can cause with a flag, a config file, a FASTA file or a run directory: reported in
+# one line (--debug shows the traceback). Anything else is a bug and keeps its traceback.
+INPUT_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, ImportError, ValueError)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`genoflash train`: parse flags (and --config), train, print the final held-out metrics."""
-    args = build_parser().parse_args(argv)
-    cfg = config_from_args(args)
+    """`genoflash train`: parse flags (and --config), train, print the final held-out metrics.
+
+    Exit status: 0 done, 1 the run diverged (TrainingDiverged), 2 a bad input (the message names it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    result = train(cfg)
+    try:
+        cfg = config_from_args(args)
+        result = train(cfg)
+    except TrainingDiverged as err:
+        if args.debug:
+            raise
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 1
+    except INPUT_ERRORS as err:
+        if args.debug:
+            raise
+        print(f"{parser.prog}: error: {err} (--debug shows the traceback)", file=sys.stderr)
+        return 2
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():  # a --context-parallel job under torchrun
         rank = dist.get_rank()

@@ -11,6 +11,7 @@ import torch
 import genoflash
 import torch.nn.functional as F
 
+from genoflash.layers import MultiHeadAttention
 from genoflash.data import A_ID, IGNORE_INDEX, MASK_ID, N_ID, T_ID, one_hot, reverse_complement
 from genoflash.models import (DNALM, ConvTower, DNALMConfig, Enformer, EnformerConfig,
                               ReverseComplementWrapper, load_pretrained, save_pretrained)
@@ -108,6 +109,17 @@ def test_layer_pattern_repeats_to_depth():
         DNALMConfig(dim=32, depth=4, nheads=2, layer_pattern="LLG")
     with pytest.raises(ValueError, match="letters"):
         DNALMConfig(dim=32, depth=2, nheads=2, layer_pattern="LX")
+
+
+@pytest.mark.parametrize("dim, nheads, head_dim", [(16, 4, None), (60, 6, None), (512, 1, None), (64, 2, 264)])
+def test_an_attention_head_dim_the_kernels_cannot_take_fails_when_the_layer_is_made(dim, nheads, head_dim):
+    # Not at the first forward (after a run had started): head dims are multiples of 8 up to 256.
+    with pytest.raises(ValueError, match=r"the head dim \((dim // nheads|head_dim) .* must be a multiple of 8"):
+        MultiHeadAttention(dim, nheads, head_dim=head_dim)
+    if head_dim is None and dim // nheads < 8:
+        with pytest.raises(ValueError, match="must be a multiple of 8"):
+            DNALM(DNALMConfig(dim=dim, depth=1, nheads=nheads))
+    assert MultiHeadAttention(24, 1).head_dim == 24  # not a power of two: taken
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
