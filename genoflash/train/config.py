@@ -20,6 +20,7 @@ from ..data.synthetic import element_length
 from ..extras import require
 from ..models.dna_lm import LAYER_LETTERS, DNALMConfig
 from ..ops.attention import MAX_HEADDIM
+from .parallel import DATA_PARALLEL
 
 TASKS = ("synthetic", "lm")
 
@@ -83,8 +84,12 @@ class TrainConfig:
     strict: bool = _option(False, "fail on a sample that cannot be loaded instead of replacing it")
     resume: bool = _option(False, "continue from the newest checkpoint in out_dir that loads, if there is one")
     progress: bool = _option(True, "show a progress bar")
-    context_parallel: bool = _option(False, "lm: shard each sequence over the ranks of a torchrun job "
-                                            "(ring attention; global layers only)")
+    context_parallel: int = _option(1, "lm, under torchrun: ranks that share each sequence, each holding a shard "
+                                       "(ring attention; global layers only); the data-parallel size is the number "
+                                       "of ranks / this")
+    data_parallel: str = _option("ddp", "under torchrun: how the data-parallel ranks hold the model: ddp (a whole "
+                                        "copy each) or fsdp (FSDP2: parameters, gradients and optimizer state "
+                                        "sharded over the ranks, for models that do not fit one GPU)")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -130,12 +135,20 @@ class TrainConfig:
                  f"spacer) = {element} (the elements would overlap)")
             need(self.seq_len >= self.distance + element + 2 * self.margin, "seq_len",
                  f"at least distance + element + 2 x margin = {self.distance + element + 2 * self.margin}")
-        if self.context_parallel and self.task != "lm":
+        need(self.context_parallel >= 1, "context_parallel", "a positive integer (1: each rank reads whole sequences)")
+        need(self.data_parallel in DATA_PARALLEL, "data_parallel", f"one of {', '.join(DATA_PARALLEL)}")
+        cp = self.context_parallel
+        if cp > 1 and self.task != "lm":
             raise ConfigError("context_parallel (--context-parallel) shards long sequences of the lm task; the "
                               "synthetic classifier pools over the whole sequence and is not supported")
-        if self.context_parallel and set(self.layer_pattern) != {"G"}:
+        if cp > 1 and set(self.layer_pattern) != {"G"}:
             raise ConfigError(f"context_parallel (--context-parallel) needs global layers only (--layer-pattern G): "
                               f"ring attention has no sliding window yet, got {self.layer_pattern!r}")
+        if cp > 1:  # the zigzag layout gives each rank two equal chunks of every length trained at
+            need(self.seq_len % (2 * cp) == 0, "seq_len", f"a multiple of 2 x context_parallel = {2 * cp}")
+            if self.seq_len_warmup:  # the warmup's lengths are seq_len_start doubled, then seq_len
+                need(self.seq_len_start % (2 * cp) == 0, "seq_len_start", f"a multiple of 2 x context_parallel = "
+                     f"{2 * cp}")
 
     def model_config(self) -> DNALMConfig:
         # Hyena's implicit filters span positions normalised by hyena_l_max: at the default 1M a

@@ -13,12 +13,13 @@ What makes a long job safe to stop and restart:
   items ``(s * grad_accum + j) * batch_size ...`` (``batch_size`` of them) of a lazily
   generated dataset, so a resumed run reads exactly the batches the uninterrupted run would
   have.
-- ``out_dir/checkpoints/step-<n>/`` holds the weights (safetensors), the optimizer's and the
-  RNG states (safetensors and JSON) and the step (which is also the data position): nothing that
-  loading could run as code. Each is written beside the others and renamed into place, flushed
-  to disk, so a crash mid-write never leaves a broken checkpoint; the newest ``keep_checkpoints``
-  stay (checkpoint.py). ``--resume`` continues bit for bit (on CPU; CUDA kernels may differ in the
-  last bits) from the newest checkpoint that loads, and drops a log line a kill cut short.
+- ``out_dir/checkpoints/step-<n>/`` holds the model's and optimizer's tensors (safetensors written
+  by every rank with torch.distributed.checkpoint), the RNG states and the step (which is also the
+  data position) as JSON: nothing that loading could run as code. It is written beside the others
+  and renamed into place, flushed to disk, so a crash mid-write never leaves a broken checkpoint;
+  the newest ``keep_checkpoints`` stay (checkpoint.py). ``--resume`` continues bit for bit (on CPU;
+  CUDA kernels may differ in the last bits) from the newest checkpoint that loads, on any number of
+  ranks, and drops a log line a kill cut short.
 - A step whose loss or gradient norm is not finite changes no weight (the update is skipped and
   logged); ``max_bad_steps`` of them in a row stop the run with an error, the last checkpoint
   (taken from good weights) kept.
@@ -28,11 +29,14 @@ What makes a long job safe to stop and restart:
 Gradient accumulation (``--grad-accum``): one optimizer step runs ``grad_accum``
 micro-batches of ``batch_size`` sequences, forward and backward one at a time, so the
 effective batch is ``batch_size * grad_accum`` at the memory of one micro-batch. Each
-micro-batch's mean loss is weighted by its share of the step's counted targets (1 /
-grad_accum when, as on the synthetic task, every micro-batch counts the same), so the
-gradient is that of one batch of ``batch_size * grad_accum``; the gradient is clipped once,
-after accumulation. Under ``--context-parallel`` the ranks accumulate their shards' gradients
-and sum them over the group once per step.
+micro-batch's loss is its targets' summed loss over the step's count of counted targets, so
+the gradient is that of one batch of ``batch_size * grad_accum``; the gradient is clipped once,
+after accumulation.
+
+Under torchrun the ranks form a data-parallel x context-parallel mesh (parallel.py): data-parallel
+rank r reads micro-batches ``((step * grad_accum + j) * dp + r) * batch_size ...``, so together
+they read what one process with ``batch_size * dp`` would, and the gradients are reduced once per
+step, after the last micro-batch.
 
 Sequence-length warmup (``--seq-len-warmup``, as in HyenaDNA) trains on the first
 ``seq_len_start`` tokens of each window and doubles the length in equal stages over the
@@ -58,15 +62,17 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..data import GenomeWindowDataset, MotifGrammar, SyntheticLongRangeDataset
+from ..data import IGNORE_INDEX, GenomeWindowDataset, MotifGrammar, SyntheticLongRangeDataset
 from ..data.examples import resolve_fasta
 from ..extras import require
 from ..models.dna_lm import DNALM
 from . import checkpoint
 from .classifier import SequenceClassifier
 from .checkpoint import CheckpointError
+from . import parallel
 from .config import ConfigError, TrainConfig, build_parser, config_from_args
 
 logger = logging.getLogger(__name__)
@@ -156,10 +162,10 @@ def _as_pair(item) -> tuple[torch.Tensor, torch.Tensor]:
     return item[0], item[1]
 
 
-def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+def build_datasets(cfg: TrainConfig, dp: int = 1) -> tuple[Dataset, Dataset]:
     """(train, held-out) datasets, both lazy: the train stream has steps * batch_size * grad_accum
-    items (every micro-batch of every step reads its own)."""
-    n_train = cfg.steps * cfg.batch_size * cfg.grad_accum
+    * dp items (every micro-batch of every step of every data-parallel rank reads its own)."""
+    n_train = cfg.steps * cfg.batch_size * cfg.grad_accum * dp
     if cfg.task == "synthetic":
         grammar = MotifGrammar.random(n_families=cfg.n_families, motif_length=cfg.motif_length, seed=cfg.seed)
         shape = dict(grammar=grammar, margin=cfg.margin, sites=cfg.sites, spacer=cfg.spacer)
@@ -177,33 +183,37 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
 # ---------------------------------------------------------------- evaluation
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, device: torch.device, cp=None) -> dict:
-    """Held-out metrics: accuracy and AUROC (synthetic), or loss and perplexity (lm)."""
+def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, par: parallel.Parallel | None = None) -> dict:
+    """Held-out metrics: accuracy and AUROC (synthetic), or loss and perplexity (lm).
+
+    In a torchrun job each data-parallel rank scores its own slice of the held-out set (its
+    context-parallel ranks a shard of each sequence) and the sums are reduced over the ranks.
+    Every rank runs the same number of batches, as the collectives inside the model need: a slice
+    that runs past the set's end is padded with rows whose targets are all ignored."""
+    par = par or parallel.Parallel(next(model.parameters()).device)
     model.eval()
     n = len(data.dataset)
-    loss_sum, weight, probs, labels = 0.0, 0, [], []
-    for start in range(0, n, cfg.batch_size):
-        tokens, targets = (t.to(device) for t in data.batch(range(start, min(n, start + cfg.batch_size))))
-        if cp is not None:  # every rank holds the batch; each scores its shard, the loss is the global mean
-            with _autocast(device):
-                logits = model(cp.shard(tokens))["logits"]
-            loss = cp.global_value(cp.mean_loss(logits, cp.shard(targets)))
-            count = int((targets != -100).sum())
-            loss_sum, weight = loss_sum + loss * count, weight + count
-            continue
-        with _autocast(device):
-            out = model(tokens, targets)
+    per = -(-n // par.dp)  # held-out rows per data-parallel rank
+    mine = range(par.dp_rank * per, (par.dp_rank + 1) * per)
+    sums = torch.zeros(2, dtype=torch.float64)  # (summed loss, counted targets) of this rank's shards
+    probs, labels = [], []
+    for start in range(0, per, cfg.batch_size):
+        rows = mine[start:start + cfg.batch_size]
+        tokens, targets = data.batch([i if i < n else 0 for i in rows])
+        targets[torch.tensor([i >= n for i in rows])] = IGNORE_INDEX  # padding: counts nothing
+        tokens, targets = par.shard(tokens).to(par.device), par.shard(targets).to(par.device)
+        with _autocast(par.device):
+            logits = model(tokens)["logits"]
+        sums += torch.stack([_loss_sum(logits, targets).double().cpu(), torch.tensor(_counted(targets), dtype=torch.float64)])
         if cfg.task == "synthetic":
-            probs.append(out["logits"].float().softmax(-1)[:, 1].cpu())
+            probs.append(logits.float().softmax(-1)[:, 1].cpu())
             labels.append(targets.cpu())
-            count = len(targets)
-        else:
-            count = int((targets != -100).sum())
-        loss_sum, weight = loss_sum + out["loss"].item() * count, weight + count
     model.train()
-    metrics = {"loss": loss_sum / max(weight, 1)}
+    loss, count = par.sum(sums).tolist()
+    metrics = {"loss": loss / max(count, 1)}
     if cfg.task == "synthetic":
-        p, y = torch.cat(probs).numpy(), torch.cat(labels).numpy()
+        p, y = par.gather(torch.cat(probs)).numpy(), par.gather(torch.cat(labels)).numpy()
+        p, y = p[y != IGNORE_INDEX], y[y != IGNORE_INDEX]
         metrics.update(accuracy=float(((p > 0.5) == (y == 1)).mean()), auroc=auroc(p, y))
     else:
         metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
@@ -216,14 +226,15 @@ class TrainingDiverged(RuntimeError):
     """max_bad_steps steps in a row had a non-finite loss or gradient."""
 
 
-def _trainer_state(cfg: TrainConfig, step: int) -> dict:
+def _trainer_state(cfg: TrainConfig, step: int, par: parallel.Parallel) -> dict:
     """What a checkpoint records of the run besides the model and optimizer: the step, which is
     also the data position, and how many samples each step read, so that a resume with other
     batch settings can be told apart."""
-    return {"data_position": step, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum}
+    return {"data_position": step, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,
+            "data_parallel": par.dp, "context_parallel": par.cp, "ranks": par.world}
 
 
-def resume(out_dir: pathlib.Path, model, optimizer, scheduler, cfg: TrainConfig) -> int:
+def resume(out_dir: pathlib.Path, model, optimizer, scheduler, cfg: TrainConfig, par: parallel.Parallel) -> int:
     """Restore the newest checkpoint that loads; returns the step to continue from (0: none)."""
     if (out_dir / LEGACY_CHECKPOINT).exists() and not checkpoint.checkpoint_dirs(out_dir):
         raise checkpoint.CheckpointError(
@@ -233,11 +244,11 @@ def resume(out_dir: pathlib.Path, model, optimizer, scheduler, cfg: TrainConfig)
     if document is None:
         return 0
     saved = document["trainer"]
-    for key in ("batch_size", "grad_accum"):
-        if saved.get(key) != getattr(cfg, key):
+    for key, now in (("batch_size", cfg.batch_size), ("grad_accum", cfg.grad_accum), ("data_parallel", par.dp)):
+        if saved.get(key, 1) != now and par.main:
             logger.warning("the checkpoint was written with %s=%s, this run has %s; the data stream continues at "
-                           "the new position, not where the interrupted run would have read", key, saved.get(key),
-                           getattr(cfg, key))
+                           "the new position, not where the interrupted run would have read", key, saved.get(key, 1),
+                           now)
     logger.info("resumed from %s at step %d", out_dir / checkpoint.CHECKPOINTS, document["step"])
     return int(document["step"])
 
@@ -249,12 +260,10 @@ def load_trained_model(out_dir: str | os.PathLike) -> torch.nn.Module:
     yaml = require("yaml", "train", "loading a training run")
     cfg = TrainConfig(**yaml.safe_load((out_dir / "config.yaml").read_text()))
     model = build_model(cfg)
-    safetensors = require("safetensors.torch", "train", "loading a training run")
     reasons = []
     for path in checkpoint.checkpoint_dirs(out_dir):
         try:
-            safetensors.load_model(model, str(path / checkpoint.WEIGHTS), strict=True)
-            return model.eval()
+            return checkpoint.load_weights(path, model).eval()
         except Exception as error:  # noqa: BLE001 - a damaged checkpoint: the one before it
             reasons.append(f"{path.name}: {type(error).__name__}: {error}")
     raise checkpoint.CheckpointError(f"no checkpoint in {out_dir / checkpoint.CHECKPOINTS} loads" +
@@ -282,91 +291,87 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     """Train per `cfg`; returns {"final": last held-out metrics, "history": every log record,
     "model": the trained model}. `on_eval(step, metrics)` is called after each evaluation.
 
+    Alone it trains in this process; as one rank of a torchrun job (or with a process group
+    already initialised) it trains its part of the job's dp x cp mesh (parallel.py), every rank
+    calling train with the same cfg.
+
     `train_data` / `eval_data` replace the datasets `cfg` describes (tests, custom data);
     they must give (tokens, target) pairs or GenomeWindowDataset-style dicts.
     """
     out_dir = pathlib.Path(cfg.out_dir)
-    device = resolve_device(cfg.device)
-    if cfg.context_parallel:
-        device = _join_context_parallel_group(device)
-    main_rank = not cfg.context_parallel or torch.distributed.get_rank() == 0
+    par = parallel.setup(resolve_device(cfg.device), cfg.context_parallel, cfg.data_parallel)
+    device = par.device
     if cfg.seq_len_warmup and cfg.task != "lm":
         logger.warning("seq_len_warmup applies to the lm task only (a crop would lose a motif); ignored")
+    # The same seed on every rank: the replicas start equal, and every rank draws the same random
+    # numbers (a checkpoint keeps each rank's generators all the same).
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     random.seed(cfg.seed)
     if train_data is None or eval_data is None:
-        default_train, default_eval = build_datasets(cfg)
+        default_train, default_eval = build_datasets(cfg, par.dp)
         train_data = default_train if train_data is None else train_data
         eval_data = default_eval if eval_data is None else eval_data
     train_fetch, eval_fetch = SafeFetcher(train_data, cfg.strict), SafeFetcher(eval_data, cfg.strict)
-    model = build_model(cfg).to(device)
-    cp = None
-    if cfg.context_parallel:  # same seed on every rank: the same initial weights everywhere
-        from ..distributed import enable_context_parallel
-        cp = enable_context_parallel(model)
-        if cfg.seq_len % (2 * cp.world_size):
-            raise ValueError(f"context_parallel: seq_len {cfg.seq_len} must be a multiple of 2 x world size = "
-                             f"{2 * cp.world_size} (the zigzag layout)")
+    model = par.wrap(build_model(cfg).to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     log_path = out_dir / LOG_NAME
-    start = resume(out_dir, model, optimizer, scheduler, cfg) if cfg.resume else 0
+    start = resume(out_dir, model, optimizer, scheduler, cfg, par) if cfg.resume else 0
     # Only now, with the data, the model and any checkpoint loaded (a bad input has failed above),
     # is out_dir written: a run that cannot start leaves no directory behind.
-    if main_rank:  # with context parallelism, rank 0 alone writes logs, checkpoints and plots
+    if par.main:  # rank 0 alone writes the config, the log and the plot
         _write_config(out_dir, cfg)
-    history = _restart_log(log_path, start) if main_rank else []
+    history = _restart_log(log_path, start) if par.main else []
     last = min(cfg.steps, cfg.stop_at or cfg.steps)
 
     def record(entry: dict) -> None:
         history.append(entry)
-        if main_rank:
+        if par.main:
             with log_path.open("a") as f:
                 f.write(json.dumps(entry) + "\n")
 
+    sequences = cfg.batch_size * cfg.grad_accum * par.dp  # per optimizer step, over the whole job
+    record({"step": start, "run": {"layout": par.describe(), "ranks": par.world, "data_parallel": par.dp,
+                                   "context_parallel": par.cp, "sequences_per_step": sequences,
+                                   "tokens_per_step": sequences * cfg.seq_len, "lr": cfg.lr}})
+    if par.main:
+        logger.info("%s; %d sequences per step (batch_size %d x grad_accum %d x data parallel %d), peak lr %g",
+                    par.describe(), sequences, cfg.batch_size, cfg.grad_accum, par.dp, cfg.lr)
     model.train()
     tokens_seen, tick = 0, time.perf_counter()
     bad_in_a_row = 0
-    with _progress(cfg.progress and start < last and main_rank) as bar:
+    with _progress(cfg.progress and start < last and par.main) as bar:
         task = bar.add_task(f"{cfg.task} {cfg.layer_pattern}", total=last, completed=start, info="")
         for step in range(start, last):
             length = seq_len_at(step, cfg)
             micro_batches = [train_fetch.batch(range(first, first + cfg.batch_size), length)
-                             for first in micro_batch_starts(step, cfg)]
-            # Each micro-batch's mean loss, weighted by its share of the step's counted targets,
-            # sums to the mean over the whole effective batch (weights 1 / grad_accum when every
-            # micro-batch counts the same, as classification labels always do).
-            counts = [_counted(targets) for _, targets in micro_batches]
-            total = sum(counts)
+                             for first in micro_batch_starts(step, cfg, par.dp, par.dp_rank)]
+            tokens_seen += sum(tokens.numel() for tokens, _ in micro_batches) * par.dp
+            shards = [(par.shard(tokens), par.shard(targets)) for tokens, targets in micro_batches]
+            # Each rank's loss is its targets' summed loss over the step's global count of counted
+            # targets (times world, which DDP's and FSDP's average divides out): the gradients sum to
+            # the mean loss's over the global batch however it is split (parallel.py).
+            counts = par.sum(torch.tensor([_counted(targets) for _, targets in shards], dtype=torch.float64))
+            total = float(counts.sum())
+            live = [j for j, count in enumerate(counts.tolist()) if count > 0]  # the same on every rank
             optimizer.zero_grad(set_to_none=True)
-            loss = torch.zeros((), device=device)
-            for (tokens, targets), count in zip(micro_batches, counts):
-                tokens_seen += tokens.numel()
-                if count == 0:  # nothing to learn from (every target ignored): no NaN mean, no gradient
-                    continue
-                weight = count / total
-                tokens, targets = tokens.to(device), targets.to(device)
-                if cp is None:
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for j in live:  # a micro-batch with nothing to learn from (every target ignored) is left out
+                tokens, targets = (t.to(device) for t in shards[j])
+                with par.gradient_sync(model, sync=j == live[-1]):  # reduced once, after the last
                     with _autocast(device):
-                        micro_loss = model(tokens, targets)["loss"]
-                    (micro_loss * weight).backward()
-                    loss += micro_loss.detach().float() * weight
-                else:
-                    with _autocast(device):
-                        local = cp.mean_loss(model(cp.shard(tokens))["logits"], cp.shard(targets))
-                    (local * weight).backward()
-                    loss += cp.global_value(local) * weight
-            if cp is not None:
-                cp.sum_gradients(model)  # once per step: every rank now holds the full-sequence gradient
-            # The norm is taken whether or not it clips (inf: no clipping), to see a non-finite gradient.
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                       cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            # Every rank holds the same loss and gradient (context parallelism sums them), so every
-            # rank takes the same decision here.
+                        logits = model(tokens)["logits"]
+                    local = _loss_sum(logits, targets)
+                    (local * (par.world / total)).backward()
+                loss_sum += local.detach().double()
+            loss = par.sum(loss_sum) / total if total else torch.tensor(math.nan, dtype=torch.float64)
+            # The norm is taken whether or not it clips (inf: no clipping), to see a non-finite gradient;
+            # it is the global norm, the same on every rank, as the loss is: every rank decides alike.
+            grad_norm = parallel.grad_norm(model, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm))
             skipped = None
-            if finite:
+            if finite or not total:
                 optimizer.step()
                 bad_in_a_row = 0
             else:  # no weight and no optimizer moment changes: the step is skipped, the schedule goes on
@@ -378,10 +383,11 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
             scheduler.step()
             done = step + 1
             if done % cfg.log_every == 0 or done == last or skipped:  # a skipped step is always logged
-                elapsed = time.perf_counter() - tick
-                entry = {"step": done, "loss": loss.item() if total else math.nan, "lr": scheduler.get_last_lr()[0],
-                         "seq_len": length, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
-                         "skipped_samples": len(train_fetch.failed)}
+                elapsed = max(time.perf_counter() - tick, 1e-9)
+                entry = {"step": done, "loss": float(loss), "lr": scheduler.get_last_lr()[0], "seq_len": length,
+                         "tokens_per_s": tokens_seen / elapsed, "skipped_samples": len(train_fetch.failed)}
+                if par.distributed:
+                    entry["tokens_per_s_per_rank"] = tokens_seen / elapsed / par.world
                 if cfg.grad_clip > 0 or skipped:
                     entry["grad_norm"] = float(grad_norm)
                 if skipped:
@@ -397,19 +403,19 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
                     f"stopping. The checkpoints in {out_dir / checkpoint.CHECKPOINTS} hold the last good weights; "
                     f"try a lower --lr, a longer --warmup-steps or --grad-clip")
             if done == last or (cfg.eval_every and done % cfg.eval_every == 0):
-                metrics = evaluate(model, eval_fetch, cfg, device, cp)
+                metrics = evaluate(model, eval_fetch, cfg, par)
                 record({"step": done, "eval": metrics})
                 if on_eval is not None:
                     on_eval(done, metrics)
-            if main_rank and (done == last or done % cfg.checkpoint_every == 0):
-                checkpoint.save(out_dir, done, model, optimizer, scheduler, _trainer_state(cfg, done),
+            if done == last or done % cfg.checkpoint_every == 0:  # every rank writes its part
+                checkpoint.save(out_dir, done, model, optimizer, scheduler, _trainer_state(cfg, done, par),
                                 cfg.keep_checkpoints)
             bar.update(task, completed=done)
 
     evals = [h["eval"] for h in history if "eval" in h]
-    if main_rank:
+    if par.main:
         plot_curves(history, out_dir / PLOT_NAME, title=f"{cfg.task} ({cfg.layer_pattern})")
-    return {"final": evals[-1] if evals else {}, "history": history, "model": model}
+    return {"final": evals[-1] if evals else {}, "history": history, "model": par.unwrap(model)}
 
 
 def _write_config(out_dir: pathlib.Path, cfg: TrainConfig) -> None:
@@ -421,32 +427,25 @@ def _write_config(out_dir: pathlib.Path, cfg: TrainConfig) -> None:
     os.replace(partial, out_dir / "config.yaml")
 
 
-def micro_batch_starts(step: int, cfg: TrainConfig) -> range:
-    """First sample index of each micro-batch of `step`: (step * grad_accum + j) * batch_size."""
-    first = step * cfg.grad_accum * cfg.batch_size
-    return range(first, first + cfg.grad_accum * cfg.batch_size, cfg.batch_size)
+def micro_batch_starts(step: int, cfg: TrainConfig, dp: int = 1, dp_rank: int = 0) -> range:
+    """First sample index of each micro-batch data-parallel rank `dp_rank` reads at `step`:
+    ((step * grad_accum + j) * dp + dp_rank) * batch_size. The dp ranks' micro-batches j together
+    are the samples one process with batch_size * dp would read."""
+    stride = cfg.batch_size * dp
+    first = step * cfg.grad_accum * stride + dp_rank * cfg.batch_size
+    return range(first, first + cfg.grad_accum * stride, stride)
 
 
 def _counted(targets: torch.Tensor) -> int:
-    """Targets the mean loss averages over: every label of a classification batch, the
-    non-ignored (-100) ones of an LM batch."""
-    return len(targets) if targets.dim() == 1 else int((targets != -100).sum())
+    """Targets a mean loss averages over: those not ignored (IGNORE_INDEX)."""
+    return int((targets != IGNORE_INDEX).sum())
 
 
-def _join_context_parallel_group(device: torch.device) -> torch.device:
-    """Join the torchrun job's process group (unless the caller already did) and pick this
-    rank's GPU: NCCL on GPUs, gloo on CPUs."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            raise RuntimeError("--context-parallel runs under torchrun (or with torch.distributed initialised): "
-                               "torchrun --nproc-per-node N -m genoflash.cli train --context-parallel ...")
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
-        torch.cuda.set_device(device)
-    return device
+def _loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of the counted targets, in float32: a classifier's (batch, classes)
+    logits, or an LM's (batch, seqlen, vocab) against targets already aligned per position."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 def _restart_log(log_path: pathlib.Path, start: int) -> list[dict]:
@@ -513,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     Exit status: 0 done, 1 the run diverged (TrainingDiverged), 2 a bad input (the message names it)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun; every rank but 0 keeps to warnings
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(levelname)s {f'[rank {rank}] ' if 'RANK' in os.environ else ''}%(message)s")
     try:
         cfg = config_from_args(args)
         result = train(cfg)
@@ -525,13 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     except INPUT_ERRORS as err:
         if args.debug:
             raise
-        print(f"{parser.prog}: error: {err} (--debug shows the traceback)", file=sys.stderr)
+        if rank == 0:  # every rank meets the same bad input: one message
+            print(f"{parser.prog}: error: {err} (--debug shows the traceback)", file=sys.stderr)
         return 2
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():  # a --context-parallel job under torchrun
-        rank = dist.get_rank()
-        dist.destroy_process_group()
-        if rank != 0:
-            return 0
-    print(json.dumps({"out_dir": cfg.out_dir, "final": result["final"]}, indent=2))
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if rank == 0:
+        print(json.dumps({"out_dir": cfg.out_dir, "final": result["final"]}, indent=2))
     return 0

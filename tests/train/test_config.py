@@ -80,7 +80,13 @@ def test_optimizer_settings_out_of_range_are_errors(field, bad, message):
     ({"task": "mlm"}, r"task \(--task\) must be one of synthetic, lm"),
     ({"task": "lm"}, "the lm task needs a FASTA file"),
     ({"seq_len_warmup_fraction": 0.0}, r"seq_len_warmup_fraction \(--seq-len-warmup-fraction\) must be in \(0, 1\]"),
-    ({"context_parallel": True}, "synthetic classifier pools over the whole sequence"),
+    ({"context_parallel": 2}, "synthetic classifier pools over the whole sequence"),
+    ({"context_parallel": 2, "task": "lm", "fasta": "x.fa", "layer_pattern": "LG", "depth": 2},
+     r"context_parallel \(--context-parallel\) needs global layers only"),
+    ({"context_parallel": 3, "task": "lm", "fasta": "x.fa", "seq_len": 512},
+     r"seq_len \(--seq-len\) must be a multiple of 2 x context_parallel = 6"),
+    ({"context_parallel": 0}, r"context_parallel \(--context-parallel\) must be a positive integer"),
+    ({"data_parallel": "zero3"}, r"data_parallel \(--data-parallel\) must be one of ddp, fsdp"),
 ])
 def test_settings_that_cannot_work_together_are_errors(settings, message):
     with pytest.raises(ConfigError, match=message):

@@ -35,8 +35,8 @@ def test_resume_is_bitwise_exact(tmp_path, grad_accum):
     resumed = train(TrainConfig(**cfg, resume=True, out_dir=str(tmp_path / "b")))["model"]
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
-    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()
-             if "eval" not in line]
+    steps = [h["step"] for h in map(json.loads, (tmp_path / "b" / "log.jsonl").read_text().splitlines())
+             if "loss" in h]
     assert steps == list(range(1, 9))  # the resumed log continues without gaps or repeats
 
 
@@ -50,17 +50,18 @@ def _run(out_dir, train_data, **overrides) -> tuple[list[dict], dict, list[torch
     # differ by more than summation order (seen on the H200, 2026-11-30: losses 2e-4 apart).
     cfg = TrainConfig(**{**TINY, "device": "cpu", "warmup_steps": 1, "out_dir": str(out_dir), **overrides})
     result = train(cfg, train_data=train_data, eval_data=train_data)
-    steps = [h for h in result["history"] if "eval" not in h]
+    steps = [h for h in result["history"] if "loss" in h]
     moments = [v for k, v in sorted(_checkpoint_tensors(out_dir).items()) if k.endswith("/exp_avg")]
     return steps, result["model"].state_dict(), moments
 
 
 def _checkpoint_tensors(out_dir) -> dict:
-    """The newest checkpoint's optimizer and RNG tensors, by name (`optimizer/state/<i>/exp_avg`, ...)."""
+    """The newest checkpoint's model and optimizer tensors, by name (`optimizer/state/<fqn>/exp_avg`, ...)."""
     from safetensors.torch import load_file
 
     from genoflash.train.checkpoint import TENSORS, checkpoint_dirs
-    return load_file(str(checkpoint_dirs(out_dir)[0] / TENSORS))
+    (shard,) = (checkpoint_dirs(out_dir)[0] / TENSORS).glob("*.safetensors")  # one process: one file
+    return load_file(str(shard))
 
 
 def _assert_same_training(a, b):
@@ -255,7 +256,8 @@ def test_checkpoints_are_data_files_and_the_newest_two_stay(tmp_path):
     train(TrainConfig(**CKPT, out_dir=str(tmp_path)))
     dirs = checkpoint_dirs(tmp_path)
     assert [d.name for d in dirs] == ["step-00000006", "step-00000004"]  # keep_checkpoints=2
-    assert sorted(p.name for p in dirs[0].iterdir()) == ["model.safetensors", "optimizer.safetensors", "state.json"]
+    assert sorted(p.name for p in dirs[0].iterdir()) == ["rng-rank00000.safetensors", "state.json", "tensors"]
+    assert [p.suffix for p in (dirs[0] / "tensors").iterdir()] == [".safetensors"]  # no pickle anywhere
     assert not list((tmp_path / "checkpoints").glob(".*"))  # no partial directory left
 
 
@@ -283,8 +285,9 @@ def test_no_code_in_a_checkpoint_runs_on_resume(tmp_path):
     run = tmp_path / "run"
     train(TrainConfig(**CKPT, out_dir=str(run)))
     for newest in checkpoint_dirs(run):
-        for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
-            _malicious_pickle(newest / name, marker)
+        for path in [newest / "state.json", newest / "rng-rank00000.safetensors",
+                     *(newest / "tensors").glob("*.safetensors")]:
+            _malicious_pickle(path, marker)
     with pytest.raises(CheckpointError, match="no checkpoint .* loads"):
         train(TrainConfig(**CKPT, resume=True, out_dir=str(run)))
     assert not marker.exists()
@@ -299,7 +302,7 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_loads(tmp_path, caplog)
     train(TrainConfig(**cfg, stop_at=6, out_dir=str(run)))
     newest = checkpoint_dirs(run)[0]
     assert newest.name == "step-00000006"
-    weights = newest / "model.safetensors"
+    (weights,) = (newest / "tensors").glob("*.safetensors")
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a torn write
     with (run / "log.jsonl").open("a") as log:
         log.write('{"step": 7, "lo')  # a line a kill cut short
@@ -309,7 +312,7 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_loads(tmp_path, caplog)
     assert "not whole JSON" in caplog.text
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name  # resumed from step 4, exactly as the straight run
-    steps = [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines() if "eval" not in line]
+    steps = [h["step"] for h in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "loss" in h]
     assert steps == list(range(1, 9))
 
 
@@ -369,9 +372,10 @@ def test_a_diverging_run_stops_and_keeps_good_weights(tmp_path):
     dirs = checkpoint_dirs(tmp_path)
     assert dirs
     for d in dirs:
-        assert all(torch.isfinite(t).all() for t in load_file(str(d / "model.safetensors")).values()), d.name
+        for shard in (d / "tensors").glob("*.safetensors"):  # the weights and the optimizer's moments
+            assert all(torch.isfinite(t).all() for t in load_file(str(shard)).values()), d.name
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [h["step"] for h in log if "skipped" in h][-3:] == [h["step"] for h in log][-3:]
+    assert [h["step"] for h in log if "skipped" in h][-3:] == [h["step"] for h in log if "loss" in h][-3:]
 
 
 def test_load_trained_model_reads_the_newest_checkpoint(tmp_path):
