@@ -7,12 +7,16 @@ installed package: every test indexes into a temporary directory or the cache, a
 checks that the directory is unchanged afterwards.
 """
 
+import bz2
 import gzip
 import logging
 import os
 import pickle
 import re
 import stat
+import struct
+import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -253,6 +257,119 @@ def test_index_goes_beside_the_fasta_unless_the_directory_is_read_only(monkeypat
         assert FastaFile(writable / "a.fa", index_dir=fasta.index_path.parent).index_path != fasta.index_path
     finally:
         locked.chmod(stat.S_IRWXU)
+
+
+# --- compressed FASTA --------------------------------------------------------------------
+
+BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")  # SAM spec 4.1.2
+
+
+def bgzf_bytes(data: bytes) -> bytes:
+    """``data`` as BGZF, written from the specification (SAM/BAM 4.1), not by Biopython: gzip members
+    of at most 64 KiB of input, each with the 'BC' extra subfield giving its size, then the EOF block."""
+    blocks = []
+    for at in range(0, len(data), 0xFF00):
+        chunk = data[at:at + 0xFF00]
+        deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+        body = deflate.compress(chunk) + deflate.flush()
+        header = b"\x1f\x8b\x08\x04" + bytes(4) + b"\x00\xff" + struct.pack("<H", 6) + b"BC" + struct.pack("<H", 2)
+        size = len(header) + 2 + len(body) + 8
+        blocks.append(header + struct.pack("<H", size - 1) + body + struct.pack("<II", zlib.crc32(chunk), len(chunk)))
+    return b"".join(blocks) + BGZF_EOF
+
+
+def test_bgzf_writer_here_agrees_with_gzip_and_biopython():
+    text = CHLOROPLAST.read_bytes()
+    packed = bgzf_bytes(text)
+    assert gzip.decompress(packed) == text  # BGZF is multi-member gzip
+    bgzf = pytest.importorskip("Bio.bgzf")
+    import io
+    blocks = list(bgzf.BgzfBlocks(io.BytesIO(packed)))  # each block's size field is right
+    assert len(blocks) == 4 and sum(b[3] for b in blocks) == len(text) and blocks[-1][3] == 0
+    assert bgzf.BgzfReader(fileobj=io.BytesIO(packed)).read(len(text) + 1) == text.decode()
+
+
+@pytest.mark.parametrize("path", [CHLOROPLAST, HG38], ids=lambda p: p.name)
+def test_bgzip_fasta_reads_as_the_plain_file(path, raw, tmp_path):
+    """A bgzip FASTA written by Biopython gives the plain file's bases, case and soft-mask, across block
+    boundaries (the chloroplast spans three 64 KiB blocks); its .gzi goes with its .fai."""
+    bgzf = pytest.importorskip("Bio.bgzf")
+    packed = tmp_path / (path.name + ".gz")
+    with bgzf.BgzfWriter(str(packed), "wb") as out:
+        out.write(path.read_bytes())
+    fasta, expected = FastaFile(packed), raw[path.name]
+    assert fasta.compression == "bgzip"
+    assert (fasta.index_path, fasta.gzi_path) == (tmp_path / (packed.name + ".fai"), tmp_path / (packed.name + ".gzi"))
+    assert fasta.contig_lengths == {name: len(seq) for name, seq in expected.items()}
+    rng = np.random.default_rng(1)
+    for chrom, seq in expected.items():
+        n = len(seq)
+        intervals = [(0, n), (0, 1), (n - 1, n), (65_000, 66_500)] + [
+            tuple(sorted(rng.integers(0, n + 1, 2))) for _ in range(50)]
+        for start, end in intervals:
+            if end <= n:
+                assert fasta.fetch(chrom, start, end, upper=False) == seq[start:end]
+        sequence, mask = fasta.fetch(chrom, n - 3, n + 2, pad=True, return_softmask=True)
+        assert sequence == seq[-3:].upper() + "NN"
+        np.testing.assert_array_equal(mask, [c.islower() for c in seq[-3:]] + [False] * 2)
+    (chrom, seq), *_ = expected.items()
+    assert pickle.loads(pickle.dumps(fasta)).fetch(chrom, 10, 20, upper=False) == seq[10:20]  # a worker's copy
+
+
+def test_bgzip_fasta_in_a_read_only_directory_is_indexed_in_the_cache(monkeypatch, tmp_path):
+    pytest.importorskip("Bio.bgzf")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    _write(locked / "a.fa.bgz", bgzf_bytes(b">a desc\nACGTAC\nGTNNac\n>b\nTTTT\n"))
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        fasta = FastaFile(locked / "a.fa.bgz")
+        assert fasta.index_path.parent == fasta.gzi_path.parent == tmp_path / "cache" / "genoflash" / "fai"
+        assert fasta.fetch("a", 4, 12, upper=False) == "ACGTNNac" and fasta.fetch("b", 0, 4) == "TTTT"
+        assert sorted(os.listdir(locked)) == ["a.fa.bgz"]
+        assert sorted(p.suffix for p in fasta.index_path.parent.iterdir()) == [".fai", ".gzi"]  # no partial left
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+@pytest.mark.parametrize("missing", ["biopython", "new-pyfaidx"])
+def test_bgzip_fasta_without_the_extra_names_it(monkeypatch, tmp_path, missing):
+    import pyfaidx
+
+    path = _write(tmp_path / "x.fa.gz", bgzf_bytes(b">x\nACGT\n"))
+    if missing == "biopython":
+        monkeypatch.setitem(sys.modules, "Bio", None)  # import Bio raises ImportError
+        monkeypatch.setitem(sys.modules, "Bio.bgzf", None)
+    else:
+        pytest.importorskip("Bio.bgzf")
+
+        class Pyfaidx08:  # pyfaidx before 0.9.0.1 takes no gzi_indexname
+            def __init__(self, filename, indexname=None, as_raw=False, sequence_always_upper=False):
+                raise AssertionError("not to be opened")
+
+        monkeypatch.setattr(pyfaidx, "Fasta", Pyfaidx08)
+    with pytest.raises(ImportError, match=re.escape("pip install 'genoflash[bgzip]'")) as error:
+        FastaFile(path)
+    assert ("needs biopython" if missing == "biopython" else "pyfaidx >= 0.9.0.1") in str(error.value)
+    assert list(tmp_path.iterdir()) == [path]  # no index started
+
+
+def test_compression_other_than_bgzip_says_what_to_do(tmp_path):
+    text = b">x\nACGT\n"
+    cases = {
+        "plain.fa.gz": (gzip.compress(text), r"plain gzip.*bgzip.*gzip -dc plain\.fa\.gz > plain\.fa && bgzip -f plain\.fa"),
+        "plain.fasta": (gzip.compress(text), r"plain gzip.*gzip -dc plain\.fasta \| bgzip -c > plain\.fasta\.gz"),
+        "x.fa.bz2": (bz2.compress(text), "bzip2, which allows no random access"),
+        "x.fa": (bz2.compress(text), "bzip2, which allows no random access"),
+        "named.fa.gz": (text, r"not compressed, but its name ends in \.gz.*rename it"),
+        "bgzip.fa": (bgzf_bytes(text), r"bgzip-compressed, but .* ends in \.gz or \.bgz: rename it"),
+    }
+    for name, (content, message) in cases.items():
+        path = _write(tmp_path / name, content)
+        with pytest.raises(ValueError, match=re.escape(str(path)) + ".*" + message):
+            FastaFile(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(cases)  # nothing indexed
 
 
 # --- tokens and one-hot ------------------------------------------------------------------
