@@ -6,7 +6,7 @@ Coordinates are 0-based and half-open everywhere (as in BED and Python slicing).
 |---|---|
 | ``fasta`` | ``FastaFile``: indexed random access through pyfaidx, soft-mask, N padding |
 | ``examples`` | ``example_fasta(name)``: the small public genomes shipped with the package |
-| ``bed`` | ``read_bed``, ``Interval``, ``resize`` about the centre |
+| ``bed`` | ``read_bed`` (BED3-BED12 and extra columns), ``Interval``, ``split_by_chrom``, ``resize`` |
 | ``tokenizer`` | single-nucleotide tokens (PAD=0, MASK, CLS, SEP, A, C, G, T, N) |
 | ``onehot`` | one-hot in ACGT order |
 | ``augment`` | reverse complement, random shift, random reverse complement |
@@ -16,7 +16,7 @@ Coordinates are 0-based and half-open everywhere (as in BED and Python slicing).
 
 from .augment import (random_reverse_complement, random_shift, reverse_complement,
                       reverse_complement_one_hot, reverse_complement_str, reverse_complement_tokens)
-from .bed import Interval, read_bed, resize
+from .bed import SPLITS, Interval, read_bed, resize, split_by_chrom
 from .datasets import IGNORE_INDEX, GenomeWindowDataset, IntervalDataset
 from .examples import EXAMPLES, example_fasta
 from .fasta import FastaFile, UnknownContigError
@@ -27,7 +27,7 @@ from .tokenizer import (A_ID, C_ID, CLS_ID, G_ID, MASK_ID, N_ID, PAD_ID, SEP_ID,
 
 __all__ = [
     "FastaFile", "UnknownContigError", "EXAMPLES", "example_fasta",
-    "Interval", "read_bed", "resize",
+    "Interval", "read_bed", "resize", "split_by_chrom", "SPLITS",
     "encode", "decode", "VOCAB", "VOCAB_SIZE",
     "PAD_ID", "MASK_ID", "CLS_ID", "SEP_ID", "A_ID", "C_ID", "G_ID", "T_ID", "N_ID",
     "one_hot",

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .augment import random_reverse_complement, random_shift, reverse_complement_tokens
-from .bed import Interval, read_bed, resize
+from .bed import SPLITS, Interval, read_bed, resize
 from .fasta import FastaFile
 from .onehot import N_VALUES, one_hot
 from .tokenizer import MASK_ID, N_ID, encode
@@ -132,7 +132,10 @@ class IntervalDataset(Dataset):
 
     Args:
         fasta: FASTA path or FastaFile.
-        intervals: a BED path (see ``bed.py``) or a sequence of ``Interval``.
+        intervals: a BED path (read with ``read_bed``'s defaults) or a sequence of
+            ``Interval``: ``read_bed(path, bed_columns=..., split_column=...)`` for a file
+            with extra columns or a split column, ``split_by_chrom(...)`` for held-out
+            chromosomes.
         length: every interval is resized to this many bases about its centre; parts
             past a contig end are padded with N.
         labels: one label (a number or a vector) per interval, in the order of
@@ -140,7 +143,8 @@ class IntervalDataset(Dataset):
             (class ids), others as float32. ``None`` uses the BED score column.
         output: ``"one_hot"`` ((length, 4) float32, ``n_value`` for N) or ``"tokens"``
             ((length,) int64).
-        split: keep only records whose split column (BED6+1) equals this.
+        split: keep only records whose ``split`` (``train``, ``valid`` or ``test``) is this;
+            each record must have one (see ``intervals``).
         stranded: reverse-complement records on the ``-`` strand.
         max_shift: random shift of up to this many bases (see ``augment.random_shift``).
         rc_prob: probability of a random reverse complement (augmentation).
@@ -164,6 +168,8 @@ class IntervalDataset(Dataset):
             raise ValueError(f"n_value must be one of {N_VALUES}, got {n_value!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)} or None, got {split!r}")
         self.fasta = _as_fasta(fasta, index_dir)
         records = read_bed(intervals) if isinstance(intervals, (str, os.PathLike)) else list(intervals)
         all_labels = self._labels(records, labels)
@@ -190,8 +196,9 @@ class IntervalDataset(Dataset):
     @staticmethod
     def _in_split(record: Interval, split: str) -> bool:
         if record.split is None:
-            raise ValueError(f"{record.where}: split={split!r} asked for but the record has no "
-                             f"split column (a 7th and last BED column: train, valid or test)")
+            raise ValueError(f"{record.where}: split={split!r} asked for but the record has no split: read "
+                             f"the BED with read_bed(path, split_column=...) or assign splits by chromosome "
+                             f"with split_by_chrom(records, {{'valid': [...], 'test': [...]}})")
         return record.split == split
 
     def _fits(self, record: Interval, on_error: str) -> bool:

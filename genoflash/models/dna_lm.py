@@ -20,7 +20,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ..data import IGNORE_INDEX, VOCAB_SIZE
 from ..layers import BiMamba, HyenaOperator, Mamba, MultiHeadAttention
+from ..padding import pad_input, unpad_input
 from .blocks import PreNormBlock, RMSNorm, swiglu_hidden
+from .outputs import LMOutput
 
 LAYER_LETTERS = {"L": "sliding-window local attention", "G": "global (full) attention",
                  "H": "Hyena long convolution", "M": "Mamba selective scan (bidirectional: BiMamba)"}
@@ -168,14 +170,28 @@ def build_mixer(config: DNALMConfig, letter: str) -> nn.Module:
 
 
 class DNALM(nn.Module):
-    """tokens (batch, seqlen) -> dict(logits (batch, seqlen, vocab_size), loss).
+    """tokens (batch, seqlen) -> LMOutput(loss, logits (batch, seqlen, vocab_size)).
 
+    The token ids come as `tokens` or, with Hugging Face's name, `input_ids` (one of the two).
     `labels` are per-position targets, already aligned: for a causal LM labels[i] is the
     base after tokens[i] (the shift happens in the data, as `GenomeWindowDataset` does);
     for a masked LM it is the original base at masked positions. -100 is ignored.
 
+    The output is a dict that also indexes as a tuple (`outputs.ModelOutput`): `out["logits"]`,
+    `out.logits`; with labels, `out["loss"]` and `out[0]` are the loss (the mean cross-entropy
+    over the counted positions); without, there is no "loss" key (`out.loss` is None) and
+    `out[0]` is the logits. So transformers' `Trainer`, which calls
+    `model(input_ids=..., labels=..., attention_mask=...)`, trains it as it is.
+
     Packed batches: tokens (total,) with int32 `cu_seqlens` (batch + 1,) prefix sums;
     sequences never attend to each other, and RoPE positions restart per sequence.
+
+    Padded batches: `attention_mask` (batch, seqlen), true (or 1) at real tokens. Padding is
+    never seen by a real token, and never counted in the loss; its logits are 0. A model of
+    attention layers packs the real tokens (padding costs no compute, RoPE positions start at
+    each sequence's first real token, left or right padding alike). Hyena and Mamba layers run
+    over the padded batch, which is exact only in a causal model with padding at the end of
+    each sequence; any other mask is refused.
     """
 
     def __init__(self, config: DNALMConfig):
@@ -196,8 +212,49 @@ class DNALM(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None) -> dict:
+    def forward(self, tokens: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None, *,
+                input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> LMOutput:
+        if (tokens is None) == (input_ids is None):
+            raise TypeError("DNALM takes the token ids as tokens or as input_ids, one of the two; got "
+                            + ("both" if tokens is not None else "neither"))
+        tokens = tokens if tokens is not None else input_ids
+        if labels is not None and labels.shape != tokens.shape:
+            raise ValueError(f"labels must have the tokens' shape {tuple(tokens.shape)}, got {tuple(labels.shape)}")
+        if attention_mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError("attention_mask (a padded batch) and cu_seqlens (a packed one) exclude each other")
+            if tokens.dim() != 2 or attention_mask.shape != tokens.shape:
+                raise ValueError(f"attention_mask must be (batch, seqlen), the shape of 2-D tokens; got tokens "
+                                 f"{tuple(tokens.shape)} and attention_mask {tuple(attention_mask.shape)}")
+            mask = attention_mask.bool()
+            if not bool(mask.all()):  # an all-true mask is the plain batch
+                return self._forward_padded(tokens, labels, mask)
+        logits = self._logits(tokens, cu_seqlens, max_seqlen)
+        return LMOutput(loss=_loss(logits, labels), logits=logits)
+
+    def _forward_padded(self, tokens: torch.Tensor, labels: torch.Tensor | None, mask: torch.Tensor) -> LMOutput:
+        """A padded batch (mask: true at real tokens, not all true); see the class docstring."""
+        batch, seqlen = tokens.shape
+        if not mask.any(dim=1).all():
+            raise ValueError("attention_mask: every sequence needs at least one real token (a row is all padding)")
+        if set(self.config.layer_letters) <= {"L", "G"}:
+            # Attention only: the real tokens packed, so no real token sees padding and RoPE
+            # positions restart at each sequence's first real token.
+            packed, indices, cu_seqlens, max_seqlen, _ = unpad_input(tokens, mask)
+            logits = self._logits(packed, cu_seqlens, max_seqlen)
+            loss = None if labels is None else _loss(logits, labels.flatten().index_select(0, indices))
+            return LMOutput(loss=loss, logits=pad_input(logits, indices, batch, seqlen))
+        right_padded = torch.equal(mask, torch.arange(seqlen, device=mask.device) < mask.sum(1, keepdim=True))
+        if not (self.config.causal and right_padded):
+            raise ValueError("attention_mask: Hyena and Mamba layers read a padded batch only in a causal model with "
+                             "the padding at the end of each sequence (there, position i sees 0..i, all real); pass "
+                             "sequences of one length, or right-padded ones to a causal model")
+        logits = self._logits(tokens, None, None).masked_fill(~mask[..., None], 0.0)
+        loss = None if labels is None else _loss(logits, labels.masked_fill(~mask, IGNORE_INDEX))
+        return LMOutput(loss=loss, logits=logits)
+
+    def _logits(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None) -> torch.Tensor:
         if cu_seqlens is not None and max_seqlen is None:
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         x = self.embed(tokens)
@@ -208,12 +265,14 @@ class DNALM(nn.Module):
                 x = checkpoint(block, x, cu_seqlens, max_seqlen, use_reentrant=False)
             else:
                 x = block(x, cu_seqlens, max_seqlen)
-        logits = self.lm_head(self.norm(x))
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
-        return {"logits": logits, "loss": loss}
+        return self.lm_head(self.norm(x))
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """Mean cross-entropy over the positions whose label is not IGNORE_INDEX, in float32."""
+    if labels is None:
+        return None
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -231,7 +231,12 @@ class ConvTower(nn.Module):
 
 
 class Enformer(nn.Module):
-    """one-hot (B, L, 4) -> {head name: (B, L / bin_size, tracks)} and {class head: (B, classes)}."""
+    """one-hot (B, L, 4) -> {head name: (B, L / bin_size, tracks)} and {class head: (B, classes)}.
+
+    `forward(onehot)`, or `forward(input_ids=tokens)` with token ids (B, L) (one-hot with N as
+    0.25, in the weights' dtype). The output is a plain dict of the heads: no loss, since the
+    loss of a track head (Poisson, MSE, ...) is the task's choice.
+    """
 
     def __init__(self, config: EnformerConfig):
         super().__init__()
@@ -251,10 +256,19 @@ class Enformer(nn.Module):
         self.class_heads = nn.ModuleDict({name: nn.Linear(config.dim, n)
                                           for name, n in config.class_heads.items()})
 
-    def forward(self, onehot: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, onehot: torch.Tensor | None = None, *,
+                input_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if (onehot is None) == (input_ids is None):
+            raise TypeError("Enformer takes a one-hot (onehot) or token ids (input_ids), one of the two; got "
+                            + ("both" if onehot is not None else "neither"))
+        if input_ids is not None:
+            if input_ids.dim() != 2 or input_ids.is_floating_point():
+                raise ValueError(f"input_ids must be integer token ids (batch, length), got "
+                                 f"{tuple(input_ids.shape)} {input_ids.dtype}")
+            onehot = one_hot(input_ids.long(), dtype=self.tower.stem[0].weight.dtype)
         if onehot.dim() != 3 or onehot.shape[-1] != 4 or not onehot.is_floating_point():
             raise ValueError(f"expected a float one-hot (batch, length, 4), got {tuple(onehot.shape)} "
-                             f"{onehot.dtype}; for token ids use encode_long")
+                             f"{onehot.dtype}; for token ids pass input_ids= (or encode_long)")
         if onehot.shape[1] == 0 or onehot.shape[1] % self.config.bin_size:
             raise ValueError(f"length must be a positive multiple of bin_size ({self.config.bin_size}), "
                              f"got {onehot.shape[1]}")

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..data.augment import reverse_complement_one_hot, reverse_complement_tokens
 from ..data.tokenizer import VOCAB_SIZE
+from .outputs import ModelOutput
 
 # Token id -> its complement's id (the reverse complement of all ids, un-reversed); as an
 # index along a vocabulary axis it swaps A/T and C/G and keeps N and the specials.
@@ -44,8 +45,10 @@ class ReverseComplementWrapper(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | None]:
         rc = reverse_complement_one_hot(x) if x.is_floating_point() else reverse_complement_tokens(x)
         forward_strand, reverse_strand = self.model(x), self.model(rc)
-        return {name: None if out is None else (out + self._to_forward_strand(name, reverse_strand[name])) / 2
-                for name, out in forward_strand.items()}
+        averaged = {name: None if out is None else (out + self._to_forward_strand(name, reverse_strand[name])) / 2
+                    for name, out in forward_strand.items()}
+        # The model's own output type (a DNALM's LMOutput) where it has one.
+        return type(forward_strand)(averaged) if isinstance(forward_strand, ModelOutput) else averaged
 
     def _to_forward_strand(self, name: str, out: torch.Tensor) -> torch.Tensor:
         if out.dim() >= 3:

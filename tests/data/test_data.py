@@ -7,12 +7,17 @@ installed package: every test indexes into a temporary directory or the cache, a
 checks that the directory is unchanged afterwards.
 """
 
+import bz2
+import dataclasses
 import gzip
 import logging
 import os
 import pickle
 import re
 import stat
+import struct
+import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +30,7 @@ from genoflash.data import (
     FastaFile, example_fasta, GenomeWindowDataset, Interval, IntervalDataset, MarkovBackground, MotifGrammar,
     SyntheticLongRangeDataset, decode, encode, one_hot, random_reverse_complement, random_shift,
     read_bed, resize, reverse_complement, reverse_complement_one_hot, reverse_complement_str,
-    reverse_complement_tokens, write_fasta_bed)
+    reverse_complement_tokens, split_by_chrom, write_fasta_bed)
 
 CHLOROPLAST = example_fasta("arabidopsis-chloroplast")
 PLASMID = example_fasta("yersinia-plasmid")
@@ -255,6 +260,119 @@ def test_index_goes_beside_the_fasta_unless_the_directory_is_read_only(monkeypat
         locked.chmod(stat.S_IRWXU)
 
 
+# --- compressed FASTA --------------------------------------------------------------------
+
+BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")  # SAM spec 4.1.2
+
+
+def bgzf_bytes(data: bytes) -> bytes:
+    """``data`` as BGZF, written from the specification (SAM/BAM 4.1), not by Biopython: gzip members
+    of at most 64 KiB of input, each with the 'BC' extra subfield giving its size, then the EOF block."""
+    blocks = []
+    for at in range(0, len(data), 0xFF00):
+        chunk = data[at:at + 0xFF00]
+        deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+        body = deflate.compress(chunk) + deflate.flush()
+        header = b"\x1f\x8b\x08\x04" + bytes(4) + b"\x00\xff" + struct.pack("<H", 6) + b"BC" + struct.pack("<H", 2)
+        size = len(header) + 2 + len(body) + 8
+        blocks.append(header + struct.pack("<H", size - 1) + body + struct.pack("<II", zlib.crc32(chunk), len(chunk)))
+    return b"".join(blocks) + BGZF_EOF
+
+
+def test_bgzf_writer_here_agrees_with_gzip_and_biopython():
+    text = CHLOROPLAST.read_bytes()
+    packed = bgzf_bytes(text)
+    assert gzip.decompress(packed) == text  # BGZF is multi-member gzip
+    bgzf = pytest.importorskip("Bio.bgzf")
+    import io
+    blocks = list(bgzf.BgzfBlocks(io.BytesIO(packed)))  # each block's size field is right
+    assert len(blocks) == 4 and sum(b[3] for b in blocks) == len(text) and blocks[-1][3] == 0
+    assert bgzf.BgzfReader(fileobj=io.BytesIO(packed)).read(len(text) + 1) == text.decode()
+
+
+@pytest.mark.parametrize("path", [CHLOROPLAST, HG38], ids=lambda p: p.name)
+def test_bgzip_fasta_reads_as_the_plain_file(path, raw, tmp_path):
+    """A bgzip FASTA written by Biopython gives the plain file's bases, case and soft-mask, across block
+    boundaries (the chloroplast spans three 64 KiB blocks); its .gzi goes with its .fai."""
+    bgzf = pytest.importorskip("Bio.bgzf")
+    packed = tmp_path / (path.name + ".gz")
+    with bgzf.BgzfWriter(str(packed), "wb") as out:
+        out.write(path.read_bytes())
+    fasta, expected = FastaFile(packed), raw[path.name]
+    assert fasta.compression == "bgzip"
+    assert (fasta.index_path, fasta.gzi_path) == (tmp_path / (packed.name + ".fai"), tmp_path / (packed.name + ".gzi"))
+    assert fasta.contig_lengths == {name: len(seq) for name, seq in expected.items()}
+    rng = np.random.default_rng(1)
+    for chrom, seq in expected.items():
+        n = len(seq)
+        intervals = [(0, n), (0, 1), (n - 1, n), (65_000, 66_500)] + [
+            tuple(sorted(rng.integers(0, n + 1, 2))) for _ in range(50)]
+        for start, end in intervals:
+            if end <= n:
+                assert fasta.fetch(chrom, start, end, upper=False) == seq[start:end]
+        sequence, mask = fasta.fetch(chrom, n - 3, n + 2, pad=True, return_softmask=True)
+        assert sequence == seq[-3:].upper() + "NN"
+        np.testing.assert_array_equal(mask, [c.islower() for c in seq[-3:]] + [False] * 2)
+    (chrom, seq), *_ = expected.items()
+    assert pickle.loads(pickle.dumps(fasta)).fetch(chrom, 10, 20, upper=False) == seq[10:20]  # a worker's copy
+
+
+def test_bgzip_fasta_in_a_read_only_directory_is_indexed_in_the_cache(monkeypatch, tmp_path):
+    pytest.importorskip("Bio.bgzf")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    _write(locked / "a.fa.bgz", bgzf_bytes(b">a desc\nACGTAC\nGTNNac\n>b\nTTTT\n"))
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        fasta = FastaFile(locked / "a.fa.bgz")
+        assert fasta.index_path.parent == fasta.gzi_path.parent == tmp_path / "cache" / "genoflash" / "fai"
+        assert fasta.fetch("a", 4, 12, upper=False) == "ACGTNNac" and fasta.fetch("b", 0, 4) == "TTTT"
+        assert sorted(os.listdir(locked)) == ["a.fa.bgz"]
+        assert sorted(p.suffix for p in fasta.index_path.parent.iterdir()) == [".fai", ".gzi"]  # no partial left
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+@pytest.mark.parametrize("missing", ["biopython", "new-pyfaidx"])
+def test_bgzip_fasta_without_the_extra_names_it(monkeypatch, tmp_path, missing):
+    import pyfaidx
+
+    path = _write(tmp_path / "x.fa.gz", bgzf_bytes(b">x\nACGT\n"))
+    if missing == "biopython":
+        monkeypatch.setitem(sys.modules, "Bio", None)  # import Bio raises ImportError
+        monkeypatch.setitem(sys.modules, "Bio.bgzf", None)
+    else:
+        pytest.importorskip("Bio.bgzf")
+
+        class Pyfaidx08:  # pyfaidx before 0.9.0.1 takes no gzi_indexname
+            def __init__(self, filename, indexname=None, as_raw=False, sequence_always_upper=False):
+                raise AssertionError("not to be opened")
+
+        monkeypatch.setattr(pyfaidx, "Fasta", Pyfaidx08)
+    with pytest.raises(ImportError, match=re.escape("pip install 'genoflash[bgzip]'")) as error:
+        FastaFile(path)
+    assert ("needs biopython" if missing == "biopython" else "pyfaidx >= 0.9.0.1") in str(error.value)
+    assert list(tmp_path.iterdir()) == [path]  # no index started
+
+
+def test_compression_other_than_bgzip_says_what_to_do(tmp_path):
+    text = b">x\nACGT\n"
+    cases = {
+        "plain.fa.gz": (gzip.compress(text), r"plain gzip.*bgzip.*gzip -dc plain\.fa\.gz > plain\.fa && bgzip -f plain\.fa"),
+        "plain.fasta": (gzip.compress(text), r"plain gzip.*gzip -dc plain\.fasta \| bgzip -c > plain\.fasta\.gz"),
+        "x.fa.bz2": (bz2.compress(text), "bzip2, which allows no random access"),
+        "x.fa": (bz2.compress(text), "bzip2, which allows no random access"),
+        "named.fa.gz": (text, r"not compressed, but its name ends in \.gz.*rename it"),
+        "bgzip.fa": (bgzf_bytes(text), r"bgzip-compressed, but .* ends in \.gz or \.bgz: rename it"),
+    }
+    for name, (content, message) in cases.items():
+        path = _write(tmp_path / name, content)
+        with pytest.raises(ValueError, match=re.escape(str(path)) + ".*" + message):
+            FastaFile(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(cases)  # nothing indexed
+
+
 # --- tokens and one-hot ------------------------------------------------------------------
 
 def test_token_ids_are_as_documented():
@@ -364,38 +482,150 @@ browser position chr1:1-100
 
 NC_000932.1\t100\t200
 NC_000932.1\t300\t400\tpeak2\t7.5\t-
-NC_000932.1\t500\t600\tpeak3\t.\t+\tvalid
+NC_000932.1\t500\t600\tpeak3\t.
 NC_000932.1\t700\t800\tpeak4\t1\t.\t710\t790\t0,0,0
+NC_000932.1 900 950 spaced 3 +
 """
 
 
 def test_read_bed_columns_and_skipped_lines(tmp_path):
     path = _write(tmp_path / "x.bed", BED_TEXT)
     records = read_bed(path)
-    assert [(r.chrom, r.start, r.end, r.name, r.score, r.strand, r.split, r.line) for r in records] == [
-        (CP, 100, 200, None, None, ".", None, 5),
-        (CP, 300, 400, "peak2", 7.5, "-", None, 6),
-        (CP, 500, 600, "peak3", None, "+", "valid", 7),
-        (CP, 700, 800, "peak4", 1.0, ".", None, 8),
+    assert [(r.chrom, r.start, r.end, r.name, r.score, r.strand, r.thick_start, r.thick_end, r.item_rgb, r.split,
+             r.line) for r in records] == [
+        (CP, 100, 200, None, None, ".", None, None, None, None, 5),
+        (CP, 300, 400, "peak2", 7.5, "-", None, None, None, None, 6),
+        (CP, 500, 600, "peak3", None, ".", None, None, None, None, 7),
+        (CP, 700, 800, "peak4", 1.0, ".", 710, 790, (0, 0, 0), None, 8),
+        (CP, 900, 950, "spaced", 3.0, "+", None, None, None, None, 9),
     ]
+    assert all(r.extra == () and r.block_sizes is None and r.blocks == ((r.start, r.end),) for r in records)
     with gzip.open(tmp_path / "x.bed.gz", "wt") as f:
         f.write(BED_TEXT)
-    assert [r.start for r in read_bed(tmp_path / "x.bed.gz")] == [100, 300, 500, 700]
+    assert read_bed(tmp_path / "x.bed.gz") == [dataclasses.replace(r, source=str(tmp_path / "x.bed.gz"))
+                                               for r in records]
 
 
-@pytest.mark.parametrize("line, reason", [
-    ("chr1\t100", "at least 3 columns"),
-    ("chr1\tten\t200", "integers"),
-    ("chr1\t200\t100", "start <= end"),
-    ("chr1\t-1\t100", "start <= end"),
-    ("chr1\t1\t100\tx\thigh", "not a number"),
-    ("chr1\t1\t100\tx\t0\t*", "strand"),
-    ("chr1\t1\t100\tx\t0\t+\ttraining", "split"),
-])
-def test_malformed_bed_line_names_file_and_line(tmp_path, line, reason):
-    path = _write(tmp_path / "bad.bed", f"# header\nchr1\t0\t10\n{line}\n")
-    with pytest.raises(ValueError, match=f"{re.escape(str(path))}:3: .*{reason}"):
+def test_bed7_column_7_is_thick_start(tmp_path):
+    """A spec-valid BED7 is read as such: its 7th column is thickStart, not a split."""
+    path = _write(tmp_path / "x.bed", "chr1\t100\t200\tx\t0\t+\t150\nchr1\t100\t200\ty\t0\t-\t100\n")
+    assert [(r.thick_start, r.thick_end, r.split, r.extra) for r in read_bed(path)] == [
+        (150, None, None, ()), (100, None, None, ())]
+
+
+def test_bed12_blocks_and_extra_columns(tmp_path):
+    """A UCSC gene (trailing commas in the lists, as the browser writes them), a one-block BED12, an empty
+    thick part placed at 0 (as some tools write for non-coding genes) and two columns past the 12th."""
+    path = _write(tmp_path / "genes.bed",
+                  "chr1\t1000\t5000\tgeneA\t960\t+\t1200\t4800\t255,0,0\t3\t400,600,1000,\t0,1500,3000,\n"
+                  "chr2\t10\t20\tone\t0\t-\t10\t10\t0\t1\t10\t0\tENSG01\t7.25\n"
+                  "chr2\t50\t80\tnc\t0\t+\t0\t0\t0\t2\t10,10\t0,20\n")
+    gene, one, noncoding = read_bed(path)
+    assert (gene.name, gene.score, gene.strand, gene.thick_start, gene.thick_end, gene.item_rgb) == (
+        "geneA", 960.0, "+", 1200, 4800, (255, 0, 0))
+    assert (gene.block_sizes, gene.block_starts) == ((400, 600, 1000), (0, 1500, 3000))
+    assert gene.blocks == ((1000, 1400), (2500, 3100), (4000, 5000))
+    assert one.blocks == ((10, 20),) and one.item_rgb is None and one.extra == ("ENSG01", "7.25")
+    assert (noncoding.thick_start, noncoding.thick_end, noncoding.blocks) == (0, 0, ((50, 60), (70, 80)))
+    window = resize(gene, 1000)  # a window, no longer the gene: its structure is dropped, the rest kept
+    assert (window.start, window.end, window.blocks, window.thick_start, window.name, window.item_rgb) == (
+        2500, 3500, ((2500, 3500),), None, "geneA", (255, 0, 0))
+
+
+def test_narrowpeak_is_bed6_plus_4(tmp_path):
+    line = "chr1\t9356\t9806\tpeak1\t182\t.\t5.09\t20.9\t18.2\t273\n"
+    path = _write(tmp_path / "x.narrowPeak", line)
+    with pytest.raises(ValueError, match=r":1: 10 columns read as standard BED.*narrowPeak.*bed_columns=n"):
         read_bed(path)
+    peak, = read_bed(path, bed_columns=6)
+    assert (peak.start, peak.end, peak.score, peak.thick_start, peak.extra) == (
+        9356, 9806, 182.0, None, ("5.09", "20.9", "18.2", "273"))
+    bed9 = _write(tmp_path / "x9.bed", "chr1\t0\t10\tx\t0\t+\t0\t10\t5.5\n")  # BED8+1
+    with pytest.raises(ValueError, match=r"column 9 \(itemRgb\) itemRgb must be R,G,B"):
+        read_bed(bed9)
+    assert read_bed(bed9, bed_columns=8)[0].extra == ("5.5",)
+    with pytest.raises(ValueError, match="bed_columns must be an integer from 3 to 12 other than 10 and 11"):
+        read_bed(path, bed_columns=10)
+
+
+BLOCKS = "chr1\t100\t200\tg\t0\t+\t100\t200\t0"
+
+
+@pytest.mark.parametrize("line, column, reason", [
+    ("chr1\t100", None, "expected at least 3 columns"),
+    ("chr1\tten\t200", "2 (chromStart)", "'ten' is not an integer"),
+    ("chr1\t1_0\t200", "2 (chromStart)", "'1_0' is not an integer"),
+    ("chr1\t200\t100", "3 (chromEnd)", "must be >= chromStart, got chromStart 200 and chromEnd 100"),
+    ("chr1\t-1\t100", "2 (chromStart)", "must be >= 0, got -1"),
+    ("\t1\t100", "1 (chrom)", "is empty"),
+    ("chr1\t1\t100\tx\thigh", "5 (score)", "'high' is not a finite number"),
+    ("chr1\t1\t100\tx\tnan", "5 (score)", "'nan' is not a finite number"),
+    ("chr1\t1\t100\tx\t0\t*", "6 (strand)", "strand must be one of"),
+    ("chr1\t1\t100\tx\t0\t+\ttrain", "7 (thickStart)", "'train' is not an integer; .*split_column=7"),
+    ("chr1\t1\t100\tx\t0\t+\t200", "7 (thickStart)", "must lie within chromStart 1 .. chromEnd 100"),
+    ("chr1\t1\t100\tx\t0\t+\t50\t20", "8 (thickEnd)", "must be >= thickStart"),
+    ("chr1\t1\t100\tx\t0\t+\t50\t120", "7 (thickStart)", "thickStart 50 .. thickEnd 120 must lie within"),
+    ("chr1\t1\t100\tx\t0\t+\t1\t100\t255,0", "9 (itemRgb)", "R,G,B"),
+    ("chr1\t1\t100\tx\t0\t+\t1\t100\t256,0,0", "9 (itemRgb)", "R,G,B"),
+    ("chr1\t1\t100\tx\t0\t+\t1\t100\t0\t1", None, "10 columns read as standard BED"),
+    (BLOCKS + "\t0\t\t", "10 (blockCount)", "must be >= 1, got 0"),
+    (BLOCKS + "\t2\t10,20,30\t0,50", "11 (blockSizes)", "blockCount is 2 but the list has 3"),
+    (BLOCKS + "\t2\t10,x\t0,50", "11 (blockSizes)", "not a comma-separated list of integers"),
+    (BLOCKS + "\t2\t0,50\t0,50", "11 (blockSizes)", "values must be >= 1"),
+    (BLOCKS + "\t2\t10,50\t5,50", "12 (blockStarts)", "first block must start at chromStart"),
+    (BLOCKS + "\t2\t60,50\t0,50", "12 (blockStarts)", "without overlapping: block 1 ends at 60, block 2 starts at 50"),
+    (BLOCKS + "\t2\t10,40\t0,50", "12 (blockStarts)", "last block must end at chromEnd 200, it ends at 190"),
+])
+def test_malformed_bed_line_names_file_line_and_column(tmp_path, line, column, reason):
+    path = _write(tmp_path / "bad.bed", f"# header\nchr1\t0\t10\n{line}\n")
+    where = "" if column is None else re.escape(f"column {column} ")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}:3: {where}.*{reason}"):
+        read_bed(path)
+
+
+def test_split_from_a_numbered_or_named_column(tmp_path):
+    text = ("#chrom\tstart\tend\tname\tscore\tstrand\tfold\tnote\n"
+            "chr1\t0\t10\ta\t1\t+\ttrain\tx\nchr2\t5\t15\tb\t0\t-\ttest\ty\nchr3\t1\t2\tc\t0\t.\tvalid\tz\n")
+    path = _write(tmp_path / "x.bed", text)
+    by_name, by_number = read_bed(path, split_column="fold"), read_bed(path, split_column=7)
+    assert by_name == by_number
+    assert [(r.strand, r.thick_start, r.split, r.extra) for r in by_name] == [
+        ("+", None, "train", ("train", "x")), ("-", None, "test", ("test", "y")), (".", None, "valid", ("valid", "z"))]
+    bed3_split = _write(tmp_path / "bed3.bed", "chr1\t0\t10\ttest\n")
+    assert read_bed(bed3_split, split_column=4)[0].split == "test"
+    assert read_bed(bed3_split, split_column=4)[0].name is None  # column 4 is the split, not a name
+
+
+@pytest.mark.parametrize("text, kw, message", [
+    ("chr1\t0\t10\ta\t1\t+\ttraining\n", dict(split_column=7), r":1: column 7 \(the split column\) must be one of"),
+    ("chr1\t0\t10\ta\t1\t+\n", dict(split_column=7), r":1: no split column 7 \(the line has 6 columns\)"),
+    ("#chrom\tstart\tend\tfold\nchr1\t0\t10\ttrain\n", dict(split_column="split"),
+     r"split_column='split' names no column: the header line names 'chrom', 'start', 'end', 'fold'"),
+    ("chr1\t0\t10\ttrain\n", dict(split_column="split"), "split_column='split' names no column: it has no '#' header"),
+    ("#chrom\tstart\tend\nchr1\t0\t10\n", dict(split_column="end"), "is column 3, one of chrom"),
+    ("chr1\t0\t10\ta\t1\t+\t0\t10\t0\ttrain\n", dict(split_column=7, bed_columns=9), "must lie past the 9 standard"),
+    ("chr1\t0\t10\ttrain\n", dict(split_column=2), "split_column must be a column number from 4"),
+    ("chr1\t0\t10\ttrain\n", dict(split_column=True), "split_column must be a column number from 4"),
+])
+def test_bad_split_column_says_why(tmp_path, text, kw, message):
+    path = _write(tmp_path / "x.bed", text)
+    with pytest.raises(ValueError, match=message):
+        read_bed(path, **kw)
+
+
+def test_split_by_chrom(tmp_path, caplog):
+    path = _write(tmp_path / "x.bed", "chr1\t0\t10\nchr8\t0\t10\nchr9\t5\t9\nchr1\t20\t30\n")
+    records = split_by_chrom(read_bed(path), {"valid": ["chr8"], "test": ["chr9", "chr10"]})
+    assert [(r.chrom, r.split) for r in records] == [("chr1", "train"), ("chr8", "valid"), ("chr9", "test"),
+                                                      ("chr1", "train")]
+    assert [r.line for r in records] == [1, 2, 3, 4]  # still names its line
+    assert any("'chr10'" in r.getMessage() and "'test'" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="'chr8' is in both 'valid' and 'test'"):
+        split_by_chrom(records, {"valid": ["chr8"], "test": ["chr8"]})
+    with pytest.raises(ValueError, match="unknown split 'validation'"):
+        split_by_chrom(records, {"validation": ["chr8"]})
+    with pytest.raises(TypeError, match="must be a list of chromosome names, got the string 'chr8'"):
+        split_by_chrom(records, {"valid": "chr8"})
 
 
 def test_resize_about_the_centre():
@@ -512,7 +742,8 @@ def test_interval_dataset_items(tmp_path, chloroplast, chloroplast_text):
 
 def test_interval_dataset_shift_and_split(tmp_path, chloroplast, chloroplast_text):
     bed = _write(tmp_path / "x.bed", f"{CP}\t5000\t5100\ta\t1\t+\ttrain\n{CP}\t6000\t6100\tb\t0\t+\ttest\n")
-    train = IntervalDataset(chloroplast, bed, length=100, output="tokens", split="train", max_shift=20)
+    records = read_bed(bed, split_column=7)
+    train = IntervalDataset(chloroplast, records, length=100, output="tokens", split="train", max_shift=20)
     assert len(train) == 1
     seen = set()
     for epoch in range(20):
@@ -522,8 +753,25 @@ def test_interval_dataset_shift_and_split(tmp_path, chloroplast, chloroplast_tex
         assert -20 <= shift <= 20 and chloroplast_text[5000 + shift:5100 + shift] == window
         seen.add(shift)
     assert len(seen) > 5
-    with pytest.raises(ValueError, match="no split column"):
-        IntervalDataset(chloroplast, [Interval(CP, 1, 2, score=0.0)], length=10, split="train")
+    # Read as BED7, the file's 7th column is thickStart: the error says how to read it as a split.
+    with pytest.raises(ValueError, match=r":1: column 7 \(thickStart\) 'train' is not an integer; .*split_column=7"):
+        IntervalDataset(chloroplast, bed, length=10, split="train")
+    bed6 = _write(tmp_path / "x6.bed", f"{CP}\t5000\t5100\ta\t1\t+\n")
+    with pytest.raises(ValueError, match=r"x6.bed:1: split='train' asked for but the record has no split: .*split_column"):
+        IntervalDataset(chloroplast, bed6, length=10, split="train")
+    with pytest.raises(ValueError, match="split must be one of train, valid, test or None, got 'training'"):
+        IntervalDataset(chloroplast, records, length=10, split="training")
+
+
+def test_interval_dataset_holds_out_a_chromosome(tmp_path, raw, index_dir):
+    fasta = FastaFile(HG38, index_dir=index_dir)
+    first, second = fasta.contigs
+    bed = _write(tmp_path / "x.bed", f"{first}\t100\t200\ta\t1\n{second}\t300\t400\tb\t0\n{first}\t500\t600\tc\t1\n")
+    records = split_by_chrom(read_bed(bed), {"test": [second]})
+    train = IntervalDataset(fasta, records, length=100, output="tokens", split="train")
+    test = IntervalDataset(fasta, records, length=100, output="tokens", split="test")
+    assert [r.name for r in train.records] == ["a", "c"] and [r.name for r in test.records] == ["b"]
+    assert decode(test[0][0]) == raw[HG38.name][second][300:400].upper()
 
 
 def test_bad_interval_record_raises_with_the_bed_line_or_is_skipped(tmp_path, chloroplast, caplog):

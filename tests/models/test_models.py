@@ -3,7 +3,9 @@
 Tiny models on the CPU (genoflash's `torch` backend); each test says what it guards.
 """
 
+import copy
 import json
+import pickle
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch.nn.functional as F
 
 from genoflash.layers import MultiHeadAttention
 from genoflash.data import A_ID, IGNORE_INDEX, MASK_ID, N_ID, T_ID, one_hot, reverse_complement
-from genoflash.models import (DNALM, ConvTower, DNALMConfig, Enformer, EnformerConfig,
+from genoflash.models import (DNALM, ConvTower, DNALMConfig, Enformer, EnformerConfig, LMOutput,
                               ReverseComplementWrapper, load_pretrained, save_pretrained)
 
 COMPLEMENT_IDS = torch.tensor([0, 1, 2, 3, 7, 6, 5, 4, 8])  # A<->T, C<->G, specials and N kept
@@ -41,7 +43,7 @@ def test_causal_lm_shapes_and_causality():
     model = tiny_lm().eval()
     tokens = random_bases(2, 64)
     out = model(tokens)
-    assert out["logits"].shape == (2, 64, 9) and out["loss"] is None
+    assert out["logits"].shape == (2, 64, 9) and "loss" not in out and out.loss is None
     assert model(tokens, labels=tokens)["loss"].shape == ()
     changed = tokens.clone()
     changed[:, 40] = N_ID
@@ -191,6 +193,112 @@ def test_unknown_mixer_is_an_error():
         tiny_lm(mixer="transformer")
 
 
+# --- Hugging Face's calling convention ---------------------------------------------------
+
+def test_input_ids_is_the_tokens_argument_under_hugging_faces_name():
+    torch.manual_seed(0)
+    model = tiny_lm().eval()
+    tokens = random_bases(2, 33)
+    expected = model(tokens, labels=tokens)
+    got = model(input_ids=tokens, labels=tokens)
+    assert torch.equal(got["logits"], expected["logits"]) and torch.equal(got["loss"], expected["loss"])
+    with pytest.raises(TypeError, match="tokens or as input_ids, one of the two; got both"):
+        model(tokens, input_ids=tokens)
+    with pytest.raises(TypeError, match="got neither"):
+        model(labels=tokens)
+    with pytest.raises(ValueError, match=r"labels must have the tokens' shape \(2, 33\), got \(2, 32\)"):
+        model(tokens, labels=tokens[:, 1:])
+
+
+def test_output_is_a_dict_that_indexes_like_a_tuple_loss_first():
+    torch.manual_seed(0)
+    model = tiny_lm().eval()
+    tokens = random_bases(2, 16)
+    with torch.no_grad():  # deepcopy takes graph leaves only
+        out = model(input_ids=tokens, labels=tokens)
+    assert isinstance(out, LMOutput) and isinstance(out, dict) and list(out) == ["loss", "logits"]
+    assert out[0] is out["loss"] is out.loss and out[1] is out["logits"] is out.logits and out.loss.shape == ()
+    assert out[1:] == (out.logits,) and out.to_tuple() == (out.loss, out.logits)
+    plain = model(tokens)
+    assert list(plain) == ["logits"] and plain.loss is None and plain[0] is plain["logits"]
+    with pytest.raises(KeyError):
+        plain["loss"]
+    with pytest.raises(AttributeError, match="no field 'hidden_states'"):
+        plain.hidden_states
+    for again in (pickle.loads(pickle.dumps(out)), copy.deepcopy(out), type(out)((k, v) for k, v in out.items())):
+        assert type(again) is LMOutput and list(again) == ["loss", "logits"] and torch.equal(again[1], out.logits)
+    with pytest.raises(TypeError, match="has the fields loss, logits; got logit"):
+        LMOutput(logit=out.logits)
+
+
+def _padded(sequences, seqlen, side, pad=0):
+    tokens = torch.full((len(sequences), seqlen), pad, dtype=torch.long)
+    mask = torch.zeros(len(sequences), seqlen, dtype=torch.long)  # 0/1, as tokenizers give it
+    for row, sequence in enumerate(sequences):
+        at = slice(0, len(sequence)) if side == "right" else slice(seqlen - len(sequence), seqlen)
+        tokens[row, at], mask[row, at] = sequence, 1
+    return tokens, mask
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_a_padded_batch_equals_each_sequence_alone(causal, side):
+    """Attention layers: logits of the real tokens equal those of each sequence run alone (padding is
+    packed away, RoPE positions start at the first real token); padding's logits are 0 and its labels,
+    whatever they hold, are not counted."""
+    torch.manual_seed(0)
+    model = tiny_lm(causal=causal, layer_pattern="LG", window_size=8)
+    sequences = [random_bases(23), random_bases(40), random_bases(1)]
+    tokens, mask = _padded(sequences, 40, side)
+    labels = random_bases(3, 40)  # real bases at the padding too: the mask must drop them
+    out = model(input_ids=tokens, labels=labels, attention_mask=mask)
+    assert out.logits.shape == (3, 40, 9) and (out.logits[mask == 0] == 0).all()
+    alone = [model(seq[None], labels=labels[row][mask[row].bool()][None]) for row, seq in enumerate(sequences)]
+    for row, seq in enumerate(sequences):
+        torch.testing.assert_close(out.logits[row][mask[row].bool()], alone[row].logits[0], rtol=1e-5, atol=1e-5)
+    lengths = torch.tensor([len(seq) for seq in sequences], dtype=torch.float32)
+    expected = sum(a.loss * n for a, n in zip(alone, lengths)) / lengths.sum()  # the mean over real positions
+    torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    everything = torch.ones_like(mask)
+    assert torch.equal(model(tokens, attention_mask=everything).logits, model(tokens).logits)
+
+
+@pytest.mark.parametrize("mixer", ["hyena", "mamba"])
+def test_hyena_and_mamba_take_a_right_padded_batch_in_a_causal_model(mixer):
+    torch.manual_seed(0)
+    model = tiny_lm(mixer=mixer, hyena_l_max=64).eval()
+    sequences = [random_bases(30), random_bases(17)]
+    tokens, mask = _padded(sequences, 30, "right", pad=N_ID)
+    labels = tokens.clone()
+    out = model(tokens, labels=labels, attention_mask=mask)
+    alone = [model(seq[None], labels=seq[None]) for seq in sequences]
+    for row, seq in enumerate(sequences):
+        torch.testing.assert_close(out.logits[row, :len(seq)], alone[row].logits[0], rtol=1e-4, atol=1e-5)
+    assert (out.logits[1, 17:] == 0).all()
+    expected = (alone[0].loss * 30 + alone[1].loss * 17) / 47
+    torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+    left_tokens, left_mask = _padded(sequences, 30, "left")
+    with pytest.raises(ValueError, match="attention_mask: Hyena and Mamba layers read a padded batch only in a causal"):
+        model(left_tokens, attention_mask=left_mask)
+    with pytest.raises(ValueError, match="attention_mask: Hyena and Mamba"):
+        tiny_lm(mixer=mixer, causal=False, hyena_l_max=64)(tokens, attention_mask=mask)
+
+
+def test_bad_attention_masks_are_named():
+    model = tiny_lm()
+    tokens = random_bases(2, 10)
+    with pytest.raises(ValueError, match=r"attention_mask must be \(batch, seqlen\).*\(2, 9\)"):
+        model(tokens, attention_mask=torch.ones(2, 9))
+    with pytest.raises(ValueError, match="attention_mask .* and cu_seqlens .* exclude each other"):
+        model(tokens, attention_mask=torch.ones(2, 10), cu_seqlens=torch.tensor([0, 10, 20], dtype=torch.int32))
+    mask = torch.ones(2, 10)
+    mask[1] = 0
+    with pytest.raises(ValueError, match="every sequence needs at least one real token"):
+        model(tokens, attention_mask=mask)
+
+
 # --- Enformer --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pooling", ["attention", "max"])
@@ -202,6 +310,19 @@ def test_enformer_predicts_one_row_per_128bp_bin(pooling):
     assert out["enhancer"].shape == (2, 2)
     with pytest.raises(ValueError, match="multiple of bin_size"):
         model(one_hot(random_bases(2, 500)))
+
+
+def test_enformer_takes_token_ids_as_input_ids():
+    torch.manual_seed(0)
+    model = tiny_enformer().eval()
+    tokens = random_bases(2, 256)
+    tokens[:, 10:20] = N_ID
+    expected, got = model(one_hot(tokens)), model(input_ids=tokens.to(torch.uint8))
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+    with pytest.raises(TypeError, match="one-hot \\(onehot\\) or token ids \\(input_ids\\), one of the two; got both"):
+        model(one_hot(tokens), input_ids=tokens)
+    with pytest.raises(ValueError, match="input_ids must be integer token ids"):
+        model(input_ids=one_hot(tokens))
 
 
 def test_enformer_tower_channels_follow_the_paper():
