@@ -8,7 +8,8 @@
 
 Settings hold inside the block for the calling thread or task (a context variable), and nest.
 An attention call reads them once, when it is made, so its backward runs with the settings of
-its forward on whichever thread autograd runs it.
+its forward on whichever thread autograd runs it. Under `torch.compile` they are read when the
+graph is traced and guarded on: a change of settings retraces (docs/design/custom-ops.md).
 
     with genoflash.settings(backend="reference"):
         out = genoflash.flash_attn_func(q, k, v)
@@ -19,6 +20,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import threading
+
+import torch
 
 BACKENDS = ("triton", "torch", "reference")
 
@@ -43,8 +47,21 @@ class Settings:
 _current: contextvars.ContextVar[Settings] = contextvars.ContextVar("genoflash_settings", default=Settings())
 
 
+class _Mirror(threading.local):
+    """The thread's settings, mirrored from the context variable by `settings()`. Dynamo cannot
+    trace `ContextVar.get` (a graph break), but reads a thread-local attribute and guards on it."""
+    settings = Settings()
+
+
+_mirror = _Mirror()
+
+
 def current() -> Settings:
     """The settings in force here."""
+    if torch.compiler.is_compiling():
+        # Equal to _current.get() on this thread, except inside asyncio tasks that interleave
+        # settings() blocks on one thread, which compiled code does not do.
+        return _mirror.settings
     return _current.get()
 
 
@@ -55,8 +72,11 @@ def settings(**changes):
     if unknown:
         raise TypeError(f"settings() got unknown setting(s) {', '.join(sorted(unknown))}; "
                         f"known: {', '.join(f.name for f in dataclasses.fields(Settings))}")
+    previous = _mirror.settings
     token = _current.set(dataclasses.replace(_current.get(), **changes))
+    _mirror.settings = _current.get()
     try:
         yield _current.get()
     finally:
         _current.reset(token)
+        _mirror.settings = previous

@@ -148,15 +148,18 @@ class HyenaFilter(nn.Module):
         window (d_model, taps). Neither depends on a parameter, only on seqlen and the buffers, so
         up to CONSTANTS_CACHE_BYTES of window they are kept for the next call with the same key:
         at short lengths the layer is bound by host time, and these are a dozen small ops."""
-        key = (seqlen, self.rates.device, self.rates.dtype, self.mlp[0].weight.dtype, self.rates._version,
-               self.window_sum._version)
-        if self._constants_cache is not None and self._constants_cache[0] == key:
+        # Under torch.compile they are made inside the graph, a few fused ops: Dynamo cannot key
+        # on tensor version counters, and a compiled graph pays no host time per op.
+        compiling = torch.compiler.is_compiling()
+        key = None if compiling else (seqlen, self.rates.device, self.rates.dtype, self.mlp[0].weight.dtype,
+                                      self.rates._version, self.window_sum._version)
+        if key is not None and self._constants_cache is not None and self._constants_cache[0] == key:
             return self._constants_cache[1]
         t = self.positions(seqlen)
         x = self.features(t).mT
         window = torch.exp(-self.rates[:, None] * t.abs()) / self.window_sum[:, None]
         # Not from inference mode: its tensors could not be saved for a later backward.
-        if (window.numel() * window.element_size() <= self.CONSTANTS_CACHE_BYTES
+        if (key is not None and window.numel() * window.element_size() <= self.CONSTANTS_CACHE_BYTES
                 and not torch.is_inference_mode_enabled()):
             self._constants_cache = (key, (x, window))
         return x, window
@@ -178,7 +181,8 @@ class HyenaFilter(nn.Module):
         return list(implicit_filter(x, window, layers, last.weight, last.bias, self.order))
 
     def _recomputed(self) -> bool:
-        return self.training or torch.is_grad_enabled()
+        # Compiled inference recomputes them too: the cache keys on version counters (see constants).
+        return self.training or torch.is_grad_enabled() or torch.compiler.is_compiling()
 
     def forward(self, seqlen: int) -> torch.Tensor:
         """The filters for seqlen as one (order, d_model, taps) tensor, recomputed each call except

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 import torch
-import yaml
 
 from genoflash.data import SyntheticLongRangeDataset
 from genoflash.train import TrainConfig, auroc, train

@@ -42,8 +42,8 @@ def dropout_threshold(p: float) -> int:
 @dataclasses.dataclass(frozen=True)
 class DropoutArgs:
     p: float
-    seed: int  # 0 <= seed < 2^63
-    offset: int  # 0 <= offset < 2^31 (a uint32 counter, kept in int32 range for kernel arguments)
+    seed: int | None  # 0 <= seed < 2^63; None only while torch.compile traces (drawn in the graph)
+    offset: int | None  # 0 <= offset < 2^31 (a uint32 counter, kept in int32 range for kernel arguments)
 
     @property
     def threshold(self) -> int:

@@ -6,12 +6,15 @@ switches with one import.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ...backends import select_backend
 from ..rotary import rotate, rotate_packed
-from . import chunked, reference
+from . import chunked, custom_ops, reference
 from .args import AttentionArgs
+from .dropout import DropoutArgs, draw_seed_and_offset
 from .validation import (attention_args, check_cu_seqlens, check_qkv, check_triton_device,
                          last_dim_contiguous)
 
@@ -97,7 +100,9 @@ def _run(q, k, v, args: AttentionArgs, return_lse: bool, return_attn_probs: bool
 
 def _attend(q, k, v, args: AttentionArgs):
     backend = select_backend(q.device)
-    if backend == "reference":
+    if backend == "reference":  # standard attention in torch ops: traced as they are under torch.compile
+        if args.dropout is not None and args.dropout.seed is None:  # see custom_ops.flash_attn
+            args = dataclasses.replace(args, dropout=DropoutArgs(args.dropout.p, *draw_seed_and_offset()))
         q, k = _rotate_qk(q, k, args)
         kw = _torch_kwargs(args)
         if args.varlen:
@@ -108,6 +113,8 @@ def _attend(q, k, v, args: AttentionArgs):
         return out, lse.detach()
     if backend == "triton":
         check_triton_device(q)
+    if torch.compiler.is_compiling():  # one graph node per pass, not a trace of the launch code
+        return custom_ops.flash_attn(q, k, v, args, backend)
     return FlashAttnFunc.apply(q, k, v, args, backend)
 
 
@@ -244,8 +251,9 @@ def flash_attn_varlen_func(
     check_qkv(q, k, v, varlen=True)
     lengths_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
     lengths_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
-    if len(lengths_q) != len(lengths_k):
-        raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}")
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(f"cu_seqlens_q describes {cu_seqlens_q.shape[0] - 1} sequences but cu_seqlens_k "
+                         f"{cu_seqlens_k.shape[0] - 1}")
     args = attention_args(q, lengths_q, lengths_k, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
                            deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,

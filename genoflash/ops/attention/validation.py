@@ -17,8 +17,8 @@ from ..common.checks import check_cu_seqlens, check_float_tensor
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset, dropout_threshold
 
-__all__ = ["MAX_HEADDIM", "attention_args", "check_cu_seqlens", "check_qkv", "check_triton_device",
-           "last_dim_contiguous"]
+__all__ = ["MAX_HEADDIM", "attention_args", "check_cu_seqlens", "check_qkv", "check_rotary_lengths",
+           "check_triton_device", "last_dim_contiguous"]
 
 MAX_HEADDIM = 256
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -122,12 +122,18 @@ def check_rotary(cos, sin, interleaved, headdim: int, lengths_q: list[int], leng
     rotary_dim = 2 * cos.shape[1]
     if not 0 < rotary_dim <= headdim:
         raise ValueError(f"rotary_dim (2 x {cos.shape[1]} = {rotary_dim}) must be in [2, headdim = {headdim}]")
+    if lengths_q is not None:  # None while compiling: the custom op checks the lengths (custom_ops.py)
+        check_rotary_lengths(cos, lengths_q, lengths_k)
+    return cos.contiguous(), sin.contiguous()
+
+
+def check_rotary_lengths(cos, lengths_q: list[int], lengths_k: list[int]) -> None:
+    """Every query and key position lies inside the tables."""
     if cos.shape[0] < max(lengths_k):
         raise ValueError(f"rotary tables cover {cos.shape[0]} positions but seqlen_k is {max(lengths_k)}")
     if any(nq > nk for nq, nk in zip(lengths_q, lengths_k)):
         raise ValueError("rotary embeddings need seqlen_q <= seqlen_k: query i sits at position "
                          "i + seqlen_k - seqlen_q, which would be negative")
-    return cos.contiguous(), sin.contiguous()
 
 
 def check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
@@ -146,6 +152,8 @@ def check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
                          f"score and round p to a multiple of 1/256, which would turn {dropout_p} into "
                          f"{threshold}/256")
     if seed is None:
+        if torch.compiler.is_compiling():  # drawn in the graph instead (custom_ops.flash_attn)
+            return DropoutArgs(float(dropout_p), None, None)
         seed, offset = draw_seed_and_offset()
     for name, value, limit in (("dropout_seed", seed, 2**63), ("dropout_offset", offset, 2**31)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
@@ -172,10 +180,11 @@ def attention_args(q, lengths_q: list[int], lengths_k: list[int], dropout_p, sof
                    softcap, alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
                    deterministic=True, **varlen) -> AttentionArgs:
     """Validate the non-tensor arguments shared by both public functions, once, into AttentionArgs.
-    lengths_q/k are the per-sequence lengths (one entry for a fixed-length batch)."""
+    lengths_q/k are the per-sequence lengths (one entry for a fixed-length batch), or None for a
+    packed batch while torch.compile traces (check_cu_seqlens)."""
     left, right = check_window(window_size, causal)
     cos, sin = check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q.shape[-1], lengths_q, lengths_k, q.device)
-    batch = len(lengths_q) if varlen else q.shape[0]
+    batch = varlen["cu_seqlens_q"].shape[0] - 1 if varlen else q.shape[0]
     return AttentionArgs(
         softmax_scale=check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
         softcap=check_softcap(softcap), alibi_slopes=check_alibi(alibi_slopes, batch, q.shape[-2], q.device),

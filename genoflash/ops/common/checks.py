@@ -19,19 +19,23 @@ def check_float_tensor(name: str, t, rank: int, layout: str) -> None:
         raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
 
 
-def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, device) -> list[int]:
+def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, device) -> list[int] | None:
+    """The per-sequence lengths; None while torch.compile traces, where values do not exist yet:
+    the custom ops check them again when they run (docs/design/custom-ops.md)."""
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
         raise TypeError(f"{name} must be a 1-D int32 tensor of batch + 1 prefix sums")
     if cu.device != device:
         raise ValueError(f"{name} must be on {device}, got {cu.device}")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"max_seqlen for {name} must be an int, got {type(max_seqlen).__name__}")
+    if torch.compiler.is_compiling():
+        return None
     values = cu.tolist()  # one small device-to-host copy; a wrong cu_seqlens must never read out of bounds
     lengths = [b - a for a, b in zip(values, values[1:])]
     if values[0] != 0 or min(lengths) < 0:
         raise ValueError(f"{name} must start at 0 and never decrease, got {values[:8]}...")
     if values[-1] != total:
         raise ValueError(f"{name} ends at {values[-1]} but the packed tensor holds {total} tokens")
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(f"max_seqlen for {name} must be an int, got {type(max_seqlen).__name__}")
     if max_seqlen < max(lengths):
         raise ValueError(f"max_seqlen ({max_seqlen}) is smaller than the longest sequence in {name} "
                          f"({max(lengths)})")

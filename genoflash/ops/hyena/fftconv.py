@@ -79,7 +79,9 @@ def fft_size(min_len: int) -> int:
 
 def conv_geometry(seqlen: int, taps: int, causal: bool) -> ConvGeometry:
     lag0 = 0 if causal else (taps - 1) // 2
-    return ConvGeometry(seqlen, taps, lag0, fft_size(seqlen + taps - 1 - lag0))
+    # Dynamo traces through lru_cache (and warns): while compiling, the plain function, the same value.
+    size = fft_size.__wrapped__ if torch.compiler.is_compiling() else fft_size
+    return ConvGeometry(seqlen, taps, lag0, size(seqlen + taps - 1 - lag0))
 
 
 def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:

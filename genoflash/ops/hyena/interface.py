@@ -7,7 +7,7 @@ import torch
 
 from ...backends import select_backend, triton_interpreted
 from ..common.checks import check_float_tensor
-from . import staging
+from . import custom_ops, staging
 from .fftconv import FFTConvFunction, auto_channel_chunk, compute_dtype, conv_geometry
 from .staging import Staging
 
@@ -58,6 +58,8 @@ def _check_and_apply(x: torch.Tensor, h: torch.Tensor, D: torch.Tensor | None, c
     fused = (select_backend(x.device) == "triton" and dtype == torch.float32
              and (x.device.type == "cuda" or interpreted) and not (interpreted and x.dtype == torch.bfloat16)
              and batch * min(chunk, channels) * geo.fft_len >= staging.FUSED_MIN_ELEMENTS)
+    if torch.compiler.is_compiling():  # one graph node per pass, not a loop over channel groups
+        return custom_ops.fftconv(x, h, D, causal, chunk, channels_last, fused, interpreted)
     return FFTConvFunction.apply(x, h, D, geo, chunk, channels_last, Staging(fused, interpreted))
 
 

@@ -5,7 +5,7 @@ backward_channels_first.py (the chunked backward for (token, channel) rows and f
 channels-first activations), interface.py (`selective_scan_fn`)."""
 
 from .interface import selective_scan_fn
-from .recurrence import time_contiguous
+from .layout import time_contiguous
 from .reference import selective_scan_reference
 
 __all__ = ["selective_scan_fn", "selective_scan_reference", "time_contiguous"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from ...backends import select_backend, triton_interpreted
-from .recurrence import time_contiguous
+from . import custom_ops
+from .layout import time_contiguous
 from .reference import selective_scan_reference
 
 MAX_DSTATE = 64
@@ -120,4 +121,10 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
         raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {u.dtype}")
     if u.device.type != "cuda" and not triton_interpreted():
         raise ValueError(f"the triton backend needs CUDA tensors (got {u.device}); use the 'torch' backend on CPU")
+    if torch.compiler.is_compiling():  # one graph node per pass, not a trace of the launches
+        save_chunks = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (u, delta, A, B, C, D, z, delta_bias))
+        out, _, _ = custom_ops.selective_scan(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus),
+                                              triton_interpreted(), bool(deterministic), save_chunks)
+        return out
     return SelectiveScanFunction.apply(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus), deterministic)

@@ -9,7 +9,9 @@ import torch
 
 from ...backends import select_backend, triton_interpreted
 from ..common.checks import check_cu_seqlens
+from . import custom_ops
 from .reference import rotary_reference
+from .validation import check_offsets, check_positions
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -36,21 +38,12 @@ class RotaryFunction(torch.autograd.Function):
         return dx, None, None, None, None, None, None
 
 
-def _check_offsets(seqlen_offsets, batch: int, device) -> tuple[int | torch.Tensor, list[int]]:
-    """(what the kernel takes, the offset of each sequence)."""
-    if isinstance(seqlen_offsets, torch.Tensor):
-        if seqlen_offsets.dtype not in (torch.int32, torch.int64) or tuple(seqlen_offsets.shape) != (batch,):
-            raise TypeError(f"seqlen_offsets must be an int or an integer tensor of shape ({batch},), got "
-                            f"{seqlen_offsets.dtype} {tuple(seqlen_offsets.shape)}")
-        if seqlen_offsets.device != device:
-            raise ValueError(f"seqlen_offsets must be on {device}, got {seqlen_offsets.device}")
-        values = seqlen_offsets.tolist()  # one small copy: positions outside the tables must never be read
-        if min(values) < 0 or max(values) >= 2**31:
-            raise ValueError(f"seqlen_offsets must be in [0, 2^31), got {min(values)}..{max(values)}")
-        return seqlen_offsets.to(torch.int32).contiguous(), values
-    if isinstance(seqlen_offsets, bool) or not isinstance(seqlen_offsets, int) or not 0 <= seqlen_offsets < 2**31:
-        raise ValueError(f"seqlen_offsets must be an int in [0, 2^31) or a tensor, got {seqlen_offsets!r}")
-    return seqlen_offsets, [seqlen_offsets] * batch
+def _check_triton(x: torch.Tensor) -> None:
+    if x.dtype not in _TRITON_DTYPES:
+        raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {x.dtype}")
+    if x.device.type != "cuda" and not triton_interpreted():
+        raise ValueError(f"the triton backend needs CUDA tensors (got {x.device}); on the CPU use the "
+                         "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
@@ -90,26 +83,28 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
         raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
     if varlen:
         lengths = check_cu_seqlens("cu_seqlens", cu_seqlens, x.shape[0], max_seqlen, x.device)
+        batch = cu_seqlens.shape[0] - 1
     else:
         if max_seqlen is not None:
             raise ValueError("max_seqlen goes with cu_seqlens (a packed batch)")
-        lengths = [x.shape[1]] * x.shape[0]
-        max_seqlen = x.shape[1]
-    offsets, offset_values = _check_offsets(seqlen_offsets, len(lengths), x.device)
-    end = max(n + o for n, o in zip(lengths, offset_values))
-    if end > cos.shape[0]:
-        raise ValueError(f"the tables cover {cos.shape[0]} positions but a sequence reaches position {end - 1}")
+        lengths, batch, max_seqlen = [x.shape[1]] * x.shape[0], x.shape[0], x.shape[1]
+    offsets, offset_values = check_offsets(seqlen_offsets, batch, x.device)
+    if lengths is not None and offset_values is not None:  # else (compiling) the op checks them
+        check_positions(lengths, offset_values, cos.shape[0])
     if x.numel() == 0:
         return x.clone()
 
     backend = select_backend(x.device)
+    if torch.compiler.is_compiling():  # one graph node (docs/design/custom-ops.md)
+        if backend == "triton":
+            _check_triton(x)
+        per_sequence = isinstance(offsets, torch.Tensor)
+        return custom_ops.apply_rotary(x, cos.contiguous(), sin.contiguous(), interleaved,
+                                       offsets if per_sequence else None, 0 if per_sequence else offsets,
+                                       cu_seqlens, max_seqlen, False, backend)
     if backend != "triton":
         return rotary_reference(x, cos, sin, interleaved, offset_values, cu_seqlens.tolist() if varlen else None)
-    if x.dtype not in _TRITON_DTYPES:
-        raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {x.dtype}")
-    if x.device.type != "cuda" and not triton_interpreted():
-        raise ValueError(f"the triton backend needs CUDA tensors (got {x.device}); on the CPU use the "
-                         "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")
+    _check_triton(x)
     if x.stride(-1) != 1:
         x = x.contiguous()
     return RotaryFunction.apply(x, cos.contiguous(), sin.contiguous(), interleaved, offsets, cu_seqlens, max_seqlen)

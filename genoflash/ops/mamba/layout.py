@@ -1,0 +1,12 @@
+"""Layout questions about the scan's (batch, seqlen, dim) operands, without triton."""
+
+from __future__ import annotations
+
+import torch
+
+
+def time_contiguous(t: torch.Tensor) -> bool:
+    """Whether a (batch, seqlen, dim) tensor's steps are adjacent in memory, as in a view of
+    (batch, dim, seqlen) memory: what these kernels need to keep runs of steps in each thread.
+    A single step is either layout."""
+    return t.stride(1) == 1 or t.shape[1] == 1
