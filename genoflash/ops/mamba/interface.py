@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...backends import select_backend, triton_interpreted
-from .recurrence import time_contiguous
+from .layout import time_contiguous
 from .reference import selective_scan_reference
 
 MAX_DSTATE = 64

@@ -147,13 +147,6 @@ def check_same_layout(u: torch.Tensor, **others: torch.Tensor | None) -> None:
                              f"got {tuple(t.shape)} {t.stride()}")
 
 
-def time_contiguous(t: torch.Tensor) -> bool:
-    """Whether a (batch, seqlen, dim) tensor's steps are adjacent in memory, as in a view of
-    (batch, dim, seqlen) memory: what these kernels need to keep runs of steps in each thread.
-    A single step is either layout."""
-    return t.stride(1) == 1 or t.shape[1] == 1
-
-
 # Whether the backwards scan the adjoint as a flipped forward scan (backward.py's _chunk_adjoint;
 # backward_channels_first.py reads its inputs in reversed step order instead), which the GPU
 # always does: Triton lowers reverse=True with lane shuffles. The interpreter runs tl.flip slowly
