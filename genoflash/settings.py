@@ -2,7 +2,7 @@
 
 | field | default | what it does |
 |---|---|---|
-| `backend` | `None` | which implementation runs the ops: `"triton"` (the fused kernels), `"torch"` (the same tiled algorithm in PyTorch ops) or `"reference"` (standard attention, N x N); `None` picks by device: CUDA tensors run `triton`, others `torch` |
+| `backend` | `None` | which implementation runs the ops: `"triton"` (the fused kernels), `"torch"` (the same tiled algorithm in PyTorch ops) or `"reference"` (standard attention, N x N); `None` picks by device: CUDA tensors run `triton` where triton is installed, others `torch` |
 | `tma` | `True` | Hopper's TMA copy engine for tile loads where it applies (fixed-length batches, aligned tensors). `False` takes the pointer loads that GPUs before Hopper take, with the same results: to compare the two paths or to step around a driver problem |
 | `fast_launch` | `True` | after the first launch of a kind, call the compiled kernels directly and replay repeated attention calls from a recording of their launches (docs/design/launch-path.md). `False` sends every launch through triton's own launcher: for debuggers and tools that wrap triton's launches |
 

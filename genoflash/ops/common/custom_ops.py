@@ -1,6 +1,6 @@
 """The short depthwise convolution's triton kernels as `torch.library` custom ops, for
 `torch.compile`: `genoflash::short_conv` and `genoflash::short_conv_backward`, with fake (meta)
-implementations and an autograd formula. Eager calls keep short_conv.py's ShortConvFunction.
+implementations and an autograd formula. Eager calls keep short_conv_kernels.py's ShortConvFunction.
 docs/design/custom-ops.md says why.
 """
 
@@ -15,7 +15,7 @@ import torch
 def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                input_bias: Optional[torch.Tensor], left: int, interpreted: bool,
                activation: Optional[str]) -> torch.Tensor:
-    from .short_conv import _rows_with_unit_stride, short_conv_forward
+    from .short_conv_kernels import _rows_with_unit_stride, short_conv_forward
     return short_conv_forward(_rows_with_unit_stride(x), weight, bias, input_bias, left, interpreted, activation)
 
 
@@ -30,7 +30,7 @@ def short_conv_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight, dbias, dinput_bias); the last three float32, and computed even where an
     argument is None (an op returns tensors only; they are (channels,) sums, cheap)."""
-    from .short_conv import _rows_with_unit_stride, short_conv_backward as backward
+    from .short_conv_kernels import _rows_with_unit_stride, short_conv_backward as backward
     dx, dw, db, dib = backward(_rows_with_unit_stride(dy), _rows_with_unit_stride(x), weight, bias, input_bias, left,
                                interpreted, activation)
     return dx, dw.contiguous(), db.contiguous(), dib.contiguous()  # own storage each: outputs never alias

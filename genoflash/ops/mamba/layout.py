@@ -1,4 +1,5 @@
-"""Layout questions about the scan's (batch, seqlen, dim) operands, without triton."""
+"""Which layout a tensor handed to the selective scan is in, asked on the host: in a module of its
+own, without triton, so that interface.py (and the torch backend behind it) imports without triton."""
 
 from __future__ import annotations
 
@@ -7,6 +8,6 @@ import torch
 
 def time_contiguous(t: torch.Tensor) -> bool:
     """Whether a (batch, seqlen, dim) tensor's steps are adjacent in memory, as in a view of
-    (batch, dim, seqlen) memory: what these kernels need to keep runs of steps in each thread.
+    (batch, dim, seqlen) memory: what the scan's kernels need to keep runs of steps in each thread.
     A single step is either layout."""
     return t.stride(1) == 1 or t.shape[1] == 1

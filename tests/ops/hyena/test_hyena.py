@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import genoflash
 from genoflash.layers.hyena import HyenaFilter, HyenaOperator
 from genoflash.ops.hyena import fftconv, fftconv_channels_first, long_conv_reference
-from genoflash.ops.hyena import staging
+from genoflash.ops.hyena import staging, staging_kernels
 from genoflash.ops.hyena.fftconv import fft_size
 
 FP32_TOL = 2e-6  # measured up to 3e-7 at seqlen 1000
@@ -490,8 +490,8 @@ def test_small_groups_are_staged_by_torch_ops(monkeypatch):
             def __getitem__(self, grid):
                 raise AssertionError("a staging kernel was launched")
 
-        monkeypatch.setattr(staging, "_load_rows_kernel", NoLaunch())
-        monkeypatch.setattr(staging, "_write_window_kernel", NoLaunch())
+        monkeypatch.setattr(staging_kernels, "_load_rows_kernel", NoLaunch())
+        monkeypatch.setattr(staging_kernels, "_write_window_kernel", NoLaunch())
         with pytest.raises(AssertionError, match="launched"):
             fftconv_channels_first(x, h, D)
         monkeypatch.setattr(staging, "FUSED_MIN_ELEMENTS", 2 * 3 * 80 + 1)  # batch * channels * n, plus one
