@@ -5,7 +5,7 @@ Dynamo cannot trace the kernels' launch code (launch plans, descriptors, triton'
 should not unroll the torch backend's loops over tiles. Under `torch.compile` the public functions
 therefore validate as in eager mode, choose the backend while tracing (a guarded constant), and
 call these ops, which the graph keeps as single nodes. Eager calls keep the autograd.Function of
-interface.py and never pass through here. docs/design/custom-ops.md says why.
+interface.py and never pass through here; both run passes.py. docs/design/custom-ops.md says why.
 
 An op takes only tensors and plain values, so AttentionArgs travels as its fields and is rebuilt
 inside. What reads tensor values (cu_seqlens' lengths, the dropout seed) is done inside the op,
@@ -22,6 +22,7 @@ from ...settings import Settings
 from ..common.checks import check_cu_seqlens
 from .args import AttentionArgs
 from .dropout import DropoutArgs
+from .passes import backward_pass, forward_pass
 from .validation import check_rotary_lengths, last_dim_contiguous
 
 
@@ -62,13 +63,12 @@ def flash_attn_forward(
     dropout_p: float, dropout_rng: Optional[torch.Tensor], deterministic: bool,
     backend: str, tma: bool, fast_launch: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of interface._forward on the given backend."""
-    from .interface import _forward
+    """(out, lse) of passes.forward_pass on the given backend."""
     a = _args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
               softcap, alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_p, dropout_rng,
               deterministic, backend, tma, fast_launch, check=True)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    out, lse = _forward(q, k, v, a, backend)
+    out, lse = forward_pass(q, k, v, a, backend)
     # The fake below promises contiguous outputs, and the graph's later nodes rely on it.
     return out.contiguous(), lse.contiguous()
 
@@ -89,13 +89,12 @@ def flash_attn_backward(
     dropout_p: float, dropout_rng: Optional[torch.Tensor], deterministic: bool,
     backend: str, tma: bool, fast_launch: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of interface._backward: the forward's arguments, so the same dropout bits."""
-    from .interface import _backward
+    """(dq, dk, dv) of passes.backward_pass: the forward's arguments, so the same dropout bits."""
     a = _args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
               softcap, alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_p, dropout_rng,
               deterministic, backend, tma, fast_launch, check=False)  # checked by the forward
     dout, q, k, v = (last_dim_contiguous(t) for t in (dout, q, k, v))
-    dq, dk, dv = _backward(dout, q, k, v, out, lse, a, backend)
+    dq, dk, dv = backward_pass(dout, q, k, v, out, lse, a, backend)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 

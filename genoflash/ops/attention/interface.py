@@ -11,68 +11,19 @@ import dataclasses
 import torch
 
 from ...backends import select_backend
-from ..rotary import rotate, rotate_packed
-from . import chunked, custom_ops, reference
+from . import custom_ops, reference
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset
+from .passes import backward_pass, forward_pass, rotate_qk, torch_kwargs
 from .validation import (attention_args, check_cu_seqlens, check_qkv, check_triton_device,
                          last_dim_contiguous)
-
-
-# ---------------------------------------------------------------- backends
-
-def _torch_kwargs(a: AttentionArgs) -> dict:
-    """AttentionArgs -> the keyword arguments of the torch and reference backends."""
-    return dict(causal=False, window_size=(a.window_left, a.window_right), softcap=a.softcap,
-                alibi_slopes=a.alibi_slopes, dropout=a.dropout)
-
-
-def _rotate_qk(q, k, a: AttentionArgs, inverse: bool = False):
-    """RoPE for the torch and reference backends (the kernels rotate on chip instead). With
-    inverse=True, maps gradients w.r.t. rotated q and k back to q and k. Differentiable."""
-    if not a.rotary_dim:
-        return q, k
-    table = (a.rotary_cos, a.rotary_sin)
-    if not a.varlen:
-        return (rotate(q, *table, a.rotary_interleaved, k.shape[1] - q.shape[1], inverse),
-                rotate(k, *table, a.rotary_interleaved, 0, inverse))
-    cu_q, cu_k = a.cu_seqlens_q.tolist(), a.cu_seqlens_k.tolist()
-    # Query i of sequence b sits at i + seqlen_k - seqlen_q of that sequence.
-    offsets_q = [(k1 - k0) - (q1 - q0) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
-    return (rotate_packed(q, *table, cu_q, offsets_q, a.rotary_interleaved, inverse),
-            rotate_packed(k, *table, cu_k, [0] * len(offsets_q), a.rotary_interleaved, inverse))
-
-
-def _forward(q, k, v, a: AttentionArgs, backend: str):
-    if backend == "triton":
-        from .forward import attention_forward  # triton is only needed for this backend
-        return attention_forward(q, k, v, a)
-    q, k = _rotate_qk(q, k, a)
-    if a.varlen:
-        return chunked.attention_chunked_varlen_forward(q, k, v, a.cu_seqlens_q, a.cu_seqlens_k,
-                                                        a.softmax_scale, **_torch_kwargs(a))
-    return chunked.attention_chunked_forward(q, k, v, a.softmax_scale, **_torch_kwargs(a))
-
-
-def _backward(dout, q, k, v, out, lse, a: AttentionArgs, backend: str):
-    if backend == "triton":
-        from .backward import attention_backward
-        return attention_backward(dout, q, k, v, out, lse, a)
-    q, k = _rotate_qk(q, k, a)
-    if a.varlen:
-        dq, dk, dv = chunked.attention_chunked_varlen_backward(dout, q, k, v, out, lse, a.cu_seqlens_q,
-                                                               a.cu_seqlens_k, a.softmax_scale, **_torch_kwargs(a))
-    else:
-        dq, dk, dv = chunked.attention_chunked_backward(dout, q, k, v, out, lse, a.softmax_scale, **_torch_kwargs(a))
-    dq, dk = _rotate_qk(dq, dk, a, inverse=True)
-    return dq, dk, dv
 
 
 class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, args: AttentionArgs, backend: str):
         q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-        out, lse = _forward(q, k, v, args, backend)
+        out, lse = forward_pass(q, k, v, args, backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args, ctx.backend = args, backend
         ctx.mark_non_differentiable(lse)
@@ -87,7 +38,7 @@ class FlashAttnFunc(torch.autograd.Function):
         if dout is None:  # out reached no loss: no gradient flows to q, k or v
             return None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(last_dim_contiguous(dout), q, k, v, out, lse, ctx.args, ctx.backend)
+        dq, dk, dv = backward_pass(last_dim_contiguous(dout), q, k, v, out, lse, ctx.args, ctx.backend)
         return dq, dk, dv, None, None
 
 
@@ -103,8 +54,8 @@ def _attend(q, k, v, args: AttentionArgs):
     if backend == "reference":  # standard attention in torch ops: traced as they are under torch.compile
         if args.dropout is not None and args.dropout.seed is None:  # see custom_ops.flash_attn
             args = dataclasses.replace(args, dropout=DropoutArgs(args.dropout.p, *draw_seed_and_offset()))
-        q, k = _rotate_qk(q, k, args)
-        kw = _torch_kwargs(args)
+        q, k = rotate_qk(q, k, args)
+        kw = torch_kwargs(args)
         if args.varlen:
             out, lse = reference.attention_reference_varlen(q, k, v, args.cu_seqlens_q, args.cu_seqlens_k,
                                                             args.softmax_scale, **kw)
@@ -139,7 +90,7 @@ def flash_attn_block_backward(dout, q, k, v, out, lse, softmax_scale=None, causa
         check_triton_device(q)
     dout, q, k, v, out = (last_dim_contiguous(t) for t in (dout, q, k, v, out))
     with torch.no_grad():
-        return _backward(dout, q, k, v, out, lse.contiguous(), args, backend)
+        return backward_pass(dout, q, k, v, out, lse.contiguous(), args, backend)
 
 
 # ---------------------------------------------------------------- public functions

@@ -277,17 +277,17 @@ def test_a_call_keeps_the_settings_it_was_made_with():
 
     q = torch.randn(1, 5, 1, 8, requires_grad=True)
     seen = []
-    real = interface._backward
+    real = interface.backward_pass
     def spy(dout, q, k, v, out, lse, a, backend):
         seen.append(a.settings)
         return real(dout, q, k, v, out, lse, a, backend)
-    interface._backward = spy
+    interface.backward_pass = spy
     try:
         with genoflash.settings(tma=False, fast_launch=False):
             out = genoflash.flash_attn_func(q, q, q)
         out.sum().backward()  # outside the block
     finally:
-        interface._backward = real
+        interface.backward_pass = real
     assert seen == [genoflash.Settings(tma=False, fast_launch=False)]
 
 
