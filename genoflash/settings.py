@@ -50,7 +50,9 @@ _current: contextvars.ContextVar[Settings] = contextvars.ContextVar("genoflash_s
 class _Mirror(threading.local):
     """The thread's settings, mirrored from the context variable by `settings()`. Dynamo cannot
     trace `ContextVar.get` (a graph break), but reads a thread-local attribute and guards on it."""
-    settings = Settings()
+
+    def __init__(self):  # runs once per thread: an instance attribute, never the class's
+        self.settings = Settings()
 
 
 _mirror = _Mirror()

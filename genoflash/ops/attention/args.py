@@ -36,8 +36,14 @@ class AttentionArgs:
     # (backward_sm90.py; not bitwise reproducible).
     deterministic: bool = True
     # genoflash.settings() as they were when the call was made: the backward, which autograd may
-    # run on another thread, runs with the forward's settings.
-    settings: Settings = Settings()
+    # run on another thread, runs with the forward's settings. None stands for the defaults: a
+    # Settings instance as the default value would be a constant Dynamo (torch 2.11) cannot wrap
+    # while it traces the constructor.
+    settings: Settings | None = None
+
+    def __post_init__(self):
+        if self.settings is None:
+            object.__setattr__(self, "settings", Settings())
 
     @property
     def rotary_dim(self) -> int:
