@@ -5,7 +5,7 @@
 | ``blocks`` | ``RMSNorm``, ``SwiGLU``, ``PreNormBlock`` (pre-norm mixer and SwiGLU, each residual) |
 | ``dna_lm`` | ``DNALM``: causal or masked LM over bases; local/global layer pattern; ``MIXERS`` |
 | ``enformer`` | ``Enformer``: conv tower to 128-bp bins, attention over bins, heads; ``encode_long`` |
-| ``outputs`` | ``LMOutput``: a dict that also reads as a tuple, the loss first (Hugging Face's way) |
+| ``outputs`` | ``LMOutput``, ``SequenceClassifierOutput``: dicts that also read as tuples, the loss first (Hugging Face's way) |
 | ``rc`` | ``ReverseComplementWrapper``: average over both strands |
 | ``io`` | ``save_pretrained`` / ``load_pretrained``: config.json + model.safetensors |
 """
@@ -14,12 +14,12 @@ from .blocks import PreNormBlock, RMSNorm, SwiGLU
 from .dna_lm import DNALM, MIXERS, DNALMConfig
 from .enformer import AttentionPool, ConvBlock, ConvTower, Enformer, EnformerConfig
 from .io import load_pretrained, save_pretrained
-from .outputs import LMOutput, ModelOutput
+from .outputs import LMOutput, ModelOutput, SequenceClassifierOutput
 from .rc import ReverseComplementWrapper
 
 __all__ = [
     "RMSNorm", "SwiGLU", "PreNormBlock",
-    "DNALM", "DNALMConfig", "MIXERS", "LMOutput", "ModelOutput",
+    "DNALM", "DNALMConfig", "MIXERS", "LMOutput", "ModelOutput", "SequenceClassifierOutput",
     "Enformer", "EnformerConfig", "ConvTower", "ConvBlock", "AttentionPool",
     "ReverseComplementWrapper",
     "save_pretrained", "load_pretrained",

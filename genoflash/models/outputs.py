@@ -52,3 +52,10 @@ class LMOutput(ModelOutput):
     (batch, seqlen, vocab_size), or (total, vocab_size) for a packed batch."""
 
     FIELDS = ("loss", "logits")
+
+
+class SequenceClassifierOutput(ModelOutput):
+    """A sequence classifier's outputs: ``loss`` (a scalar; only when labels were given) and
+    ``logits`` (batch, num_classes)."""
+
+    FIELDS = ("loss", "logits")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import PAD_ID
+from ..models import SequenceClassifierOutput
 from ..models.dna_lm import DNALM, DNALMConfig
 from ..padding import pad_input, unpad_input
 
@@ -22,7 +23,8 @@ STEM_KERNEL = 15  # the default convolution stem: about one 16-base motif wide
 
 
 class SequenceClassifier(nn.Module):
-    """tokens (batch, seqlen) -> dict(logits (batch, num_classes), loss).
+    """tokens (batch, seqlen) -> SequenceClassifierOutput(loss, logits (batch, num_classes)): a dict
+    that reads as a tuple, the loss first when labels are given, as transformers' Trainer expects.
 
     Args:
         config: the trunk's shape; its ``causal`` flag is overridden to False (a classifier
@@ -49,9 +51,16 @@ class SequenceClassifier(nn.Module):
                      if stem_kernel else None)
         self.head = nn.Linear(self.config.dim, num_classes)
 
-    def hidden_states(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normed trunk outputs (batch, seqlen, dim) and the non-PAD mask (batch, seqlen)."""
+    def hidden_states(self, tokens: torch.Tensor,
+                      attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normed trunk outputs (batch, seqlen, dim) and the mask of the tokens read (batch,
+        seqlen): not PAD, and true in attention_mask if one is given."""
         mask = tokens != PAD_ID
+        if attention_mask is not None:
+            if attention_mask.shape != tokens.shape:
+                raise ValueError(f"attention_mask must be (batch, seqlen), the tokens' shape {tuple(tokens.shape)}; "
+                                 f"got {tuple(attention_mask.shape)}")
+            mask = mask & attention_mask.bool()
         trunk = self.trunk
         x = trunk.embed(tokens) * mask.unsqueeze(-1)
         if self.stem is not None:
@@ -65,10 +74,18 @@ class SequenceClassifier(nn.Module):
             packed = block(packed, cu_seqlens, max_seqlen)
         return pad_input(trunk.norm(packed), indices, *tokens.shape), mask
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
-        x, mask = self.hidden_states(tokens)
+    def forward(self, tokens: torch.Tensor | None = None, labels: torch.Tensor | None = None, *,
+                input_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> SequenceClassifierOutput:
+        """The token ids as tokens or input_ids (Hugging Face's name); attention_mask (batch,
+        seqlen), if given, leaves out the positions where it is 0, as PAD tokens are."""
+        if (tokens is None) == (input_ids is None):
+            raise TypeError("SequenceClassifier takes the token ids as tokens or as input_ids, one of the two; "
+                            "got " + ("both" if tokens is not None else "neither"))
+        tokens = tokens if tokens is not None else input_ids
+        x, mask = self.hidden_states(tokens, attention_mask)
         weights = mask.unsqueeze(-1).to(x.dtype)
-        pooled = (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        pooled = (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)  # an all-padding row pools to 0
         logits = self.head(pooled).float()
         loss = F.cross_entropy(logits, labels) if labels is not None else None
-        return {"logits": logits, "loss": loss}
+        return SequenceClassifierOutput(loss=loss, logits=logits)

@@ -238,6 +238,29 @@ def test_classifier_ignores_padding():
         torch.testing.assert_close(model(both)["logits"][0], model(tokens)["logits"][0], atol=1e-5, rtol=1e-5)
 
 
+def test_classifier_takes_input_ids_and_an_attention_mask_and_returns_the_loss_first():
+    from genoflash.models.dna_lm import DNALMConfig
+    from genoflash.train import SequenceClassifier
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(DNALMConfig(dim=16, depth=2, nheads=2, layer_pattern="LG", window_size=4)).eval()
+    tokens = torch.randint(4, 8, (2, 17))
+    mask = torch.ones_like(tokens)
+    mask[1, 11:] = 0  # the same as PAD tokens there
+    padded = tokens.clone()
+    padded[1, 11:] = 0
+    labels = torch.tensor([0, 1])
+    with torch.no_grad():
+        out = model(input_ids=tokens, attention_mask=mask, labels=labels)
+        torch.testing.assert_close(out["logits"], model(padded)["logits"], atol=1e-5, rtol=1e-5)
+        assert out[0] is out["loss"] and out.loss.dim() == 0
+        assert "loss" not in model(tokens) and model(tokens)[0].shape == (2, 2)
+    with pytest.raises(TypeError, match="tokens or as input_ids"):
+        model(tokens, input_ids=tokens)
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        model(tokens, attention_mask=mask[:, :5])
+
+
 def test_model_config_fits_hyena_filters_to_the_run_length():
     # Hyena filters are defined over positions / hyena_l_max; a run's longest sequence is seq_len.
     assert TrainConfig(seq_len=224, distance=112, margin=16).model_config().hyena_l_max == 224
