@@ -11,9 +11,8 @@ import math
 
 import torch
 
-from ...backends import triton_interpreted
 from ...settings import current as current_settings
-from ..common.checks import check_cu_seqlens, check_float_tensor
+from ..common.checks import check_cu_seqlens, check_float_tensor, check_triton_device
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset, dropout_threshold
 
@@ -21,7 +20,6 @@ __all__ = ["MAX_HEADDIM", "attention_args", "check_cu_seqlens", "check_qkv", "ch
            "check_triton_device", "last_dim_contiguous"]
 
 MAX_HEADDIM = 256
-_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Tile-local offsets in the kernels are int32: up to 256 rows times the sequence stride.
 _MAX_SEQ_STRIDE = (2**31 - 1) // 256
 
@@ -159,14 +157,6 @@ def check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
             raise ValueError(f"{name} must be an int in [0, {limit}), got {value!r}")
     return DropoutArgs(float(dropout_p), seed, offset)
-
-
-def check_triton_device(q: torch.Tensor) -> None:
-    if q.dtype not in _TRITON_DTYPES:
-        raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {q.dtype}")
-    if q.device.type != "cuda" and not triton_interpreted():
-        raise ValueError(f"the triton backend needs CUDA tensors (got {q.device}); on the CPU use the "
-                         "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")
 
 
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from ...backends import triton_interpreted
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def check_float_tensor(name: str, t, rank: int, layout: str) -> None:
@@ -40,3 +43,13 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, device
         raise ValueError(f"max_seqlen ({max_seqlen}) is smaller than the longest sequence in {name} "
                          f"({max(lengths)})")
     return lengths
+
+
+def check_triton_device(t: torch.Tensor) -> None:
+    """t is a tensor the triton backend's kernels take: 16- or 32-bit floats, on CUDA or under
+    the interpreter."""
+    if t.dtype not in TRITON_DTYPES:
+        raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {t.dtype}")
+    if t.device.type != "cuda" and not triton_interpreted():
+        raise ValueError(f"the triton backend needs CUDA tensors (got {t.device}); on the CPU use the "
+                         "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from ...backends import select_backend, triton_interpreted
-from ..common.checks import check_cu_seqlens
+from ...backends import select_backend
+from ..common.checks import check_cu_seqlens, check_triton_device
 from . import custom_ops
 from .reference import rotary_reference
 from .validation import check_offsets, check_positions
 
-_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 class RotaryFunction(torch.autograd.Function):
@@ -36,14 +35,6 @@ class RotaryFunction(torch.autograd.Function):
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
         dx = rotary_forward(dout, cos, sin, ctx.interleaved, seqlen_offsets, cu_seqlens, ctx.max_seqlen, inverse=True)
         return dx, None, None, None, None, None, None
-
-
-def _check_triton(x: torch.Tensor) -> None:
-    if x.dtype not in _TRITON_DTYPES:
-        raise TypeError(f"the triton backend supports float16, bfloat16 and float32, got {x.dtype}")
-    if x.device.type != "cuda" and not triton_interpreted():
-        raise ValueError(f"the triton backend needs CUDA tensors (got {x.device}); on the CPU use the "
-                         "'torch' backend, or set TRITON_INTERPRET=1 before importing genoflash")
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
@@ -97,14 +88,14 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     backend = select_backend(x.device)
     if torch.compiler.is_compiling():  # one graph node (docs/design/custom-ops.md)
         if backend == "triton":
-            _check_triton(x)
+            check_triton_device(x)
         per_sequence = isinstance(offsets, torch.Tensor)
         return custom_ops.apply_rotary(x, cos.contiguous(), sin.contiguous(), interleaved,
                                        offsets if per_sequence else None, 0 if per_sequence else offsets,
                                        cu_seqlens, max_seqlen, False, backend)
     if backend != "triton":
         return rotary_reference(x, cos, sin, interleaved, offset_values, cu_seqlens.tolist() if varlen else None)
-    _check_triton(x)
+    check_triton_device(x)
     if x.stride(-1) != 1:
         x = x.contiguous()
     return RotaryFunction.apply(x, cos.contiguous(), sin.contiguous(), interleaved, offsets, cu_seqlens, max_seqlen)
