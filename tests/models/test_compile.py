@@ -132,6 +132,19 @@ def test_dna_lm_with_every_mixer_compiles_to_one_graph_equal_to_eager(backend, c
     assert ops <= recorder.ops()
 
 
+def test_gradient_checkpointing_with_dropout_compiles_equal_to_eager():
+    """Checkpointed blocks are recomputed in the backward; the recomputed dropout draws the same
+    seed in the graph as in eager mode (the checkpoint restores the generator's state)."""
+    torch.manual_seed(0)
+    model = _lm("GH", attn_dropout=0.2, gradient_checkpointing=True)
+    tokens = torch.randint(0, 9, (2, 19), device=DEVICE)
+    torch._dynamo.reset()
+    with genoflash.settings(backend="triton"):
+        expected = _run(model, (tokens, tokens))
+        actual = _run(torch.compile(model, fullgraph=True, backend="aot_eager"), (tokens, tokens))
+    _assert_equal(expected, actual)
+
+
 def test_dna_lm_compiled_inference_equals_eager():
     """eval mode without gradients: no chunk states kept (Mamba), filters not cached (Hyena)."""
     torch.manual_seed(0)
