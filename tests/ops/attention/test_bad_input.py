@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import genoflash
-from genoflash.ops.attention import validation
+from genoflash.ops.common import checks
 
 
 def qkv(b=1, n=16, h=2, d=32, dtype=torch.float32, nk=None):
@@ -70,7 +70,7 @@ def test_triton_backend_rejects_float64():
 
 
 def test_triton_backend_on_cpu_without_interpreter(monkeypatch):
-    monkeypatch.setattr(validation, "triton_interpreted", lambda: False)
+    monkeypatch.setattr(checks, "triton_interpreted", lambda: False)  # the check lives in ops/common/checks.py
     with pytest.raises(ValueError, match="triton backend needs CUDA tensors"):
         with genoflash.use_backend("triton"):
             genoflash.flash_attn_func(*qkv())
