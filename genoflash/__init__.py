@@ -1,7 +1,9 @@
 """genoflash: exact FlashAttention in Triton for long-sequence genomic models."""
 
 from .backends import BACKENDS, use_backend
-from .ops.attention import flash_attn_func, flash_attn_varlen_func
+from .ops.attention import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                            flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                            flash_attn_varlen_qkvpacked_func)
 from .ops.attention.dropout import dropout_mask
 from .ops.rotary import apply_rotary_emb, rotary_tables
 from .padding import pad_input, unpad_input
@@ -9,5 +11,7 @@ from .settings import Settings, settings
 
 __version__ = "0.1.0"
 
-__all__ = ["BACKENDS", "Settings", "apply_rotary_emb", "dropout_mask", "flash_attn_func", "flash_attn_varlen_func",
-           "pad_input", "rotary_tables", "settings", "unpad_input", "use_backend", "__version__"]
+__all__ = ["BACKENDS", "Settings", "apply_rotary_emb", "dropout_mask", "flash_attn_func", "flash_attn_kvpacked_func",
+           "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "pad_input", "rotary_tables", "settings", "unpad_input",
+           "use_backend", "__version__"]

@@ -11,26 +11,39 @@ from __future__ import annotations
 import torch
 
 
-def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor):
-    """Pack the tokens where attention_mask is true.
+def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None):
+    """Pack the tokens where attention_mask (or unused_mask) is true, as flash-attn's bert_padding does.
 
     Args:
         hidden_states: (batch, seqlen, ...).
         attention_mask: (batch, seqlen), bool or 0/1; true for real tokens.
+        unused_mask: optional (batch, seqlen), true for tokens that are packed too but are not
+            real (allocated but unused, e.g. a static cache's free slots); disjoint from
+            attention_mask.
 
     Returns:
         (packed (total, ...), indices (total,) into the flattened batch, cu_seqlens int32
-        (batch + 1,), max_seqlen (int), seqlens int32 (batch,)).
+        (batch + 1,) over the packed tokens, max_seqlen (int) of them, seqlens int32 (batch,) of
+        the real tokens alone).
     """
-    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != tuple(hidden_states.shape[:2]):
-        raise ValueError(f"attention_mask must be (batch, seqlen) = {tuple(hidden_states.shape[:2])}, "
-                         f"got {tuple(attention_mask.shape)}")
-    mask = attention_mask.bool()
-    seqlens = mask.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    shape = tuple(hidden_states.shape[:2])
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != shape:
+        raise ValueError(f"attention_mask must be (batch, seqlen) = {shape}, got {tuple(attention_mask.shape)}")
+    used = attention_mask.bool()
+    packed_mask = used
+    if unused_mask is not None:
+        if unused_mask.dim() != 2 or tuple(unused_mask.shape) != shape:
+            raise ValueError(f"unused_mask must be (batch, seqlen) = {shape}, got {tuple(unused_mask.shape)}")
+        unused = unused_mask.bool()
+        if bool((used & unused).any()):
+            raise ValueError("unused_mask must be false wherever attention_mask is true: a token is used or unused")
+        packed_mask = used | unused
+    seqlens = packed_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(packed_mask.flatten(), as_tuple=False).flatten()
     cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
     packed = hidden_states.flatten(0, 1).index_select(0, indices)
-    return packed, indices, cu_seqlens, int(seqlens.max().item()), seqlens
+    used_seqlens = seqlens if unused_mask is None else used.sum(dim=-1, dtype=torch.int32)
+    return packed, indices, cu_seqlens, int(seqlens.max().item()), used_seqlens
 
 
 def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:

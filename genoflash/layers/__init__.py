@@ -3,5 +3,6 @@
 from .attention import MultiHeadAttention, RotaryTables
 from .hyena import HyenaOperator
 from .mamba import BiMamba, Mamba
+from .rotary import RotaryEmbedding
 
-__all__ = ["BiMamba", "HyenaOperator", "Mamba", "MultiHeadAttention", "RotaryTables"]
+__all__ = ["BiMamba", "HyenaOperator", "Mamba", "MultiHeadAttention", "RotaryEmbedding", "RotaryTables"]

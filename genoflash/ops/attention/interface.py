@@ -1,4 +1,6 @@
-"""`flash_attn_func` and `flash_attn_varlen_func`: validate -> choose a backend -> autograd.Function.
+"""`flash_attn_func` and `flash_attn_varlen_func`: validate -> choose a backend -> autograd.Function;
+the packed forms (`flash_attn_qkvpacked_func`, `flash_attn_kvpacked_func` and their varlen forms)
+split their packed tensor into views and call them.
 
 Argument names, layouts and semantics follow flash-attn, so code written for flash-attn
 switches with one import.
@@ -15,6 +17,7 @@ from . import custom_ops, reference
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset
 from .passes import backward_pass, forward_pass, rotate_qk, torch_kwargs
+from ..common.checks import as_int
 from .validation import (attention_args, check_cu_seqlens, check_qkv, check_triton_device,
                          last_dim_contiguous)
 
@@ -200,6 +203,7 @@ def flash_attn_varlen_func(
     `flash_attn_func`; lse is (nheads, total_q).
     """
     check_qkv(q, k, v, varlen=True)
+    max_seqlen_q, max_seqlen_k = as_int("max_seqlen_q", max_seqlen_q), as_int("max_seqlen_k", max_seqlen_k)
     lengths_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
     lengths_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
     if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
@@ -210,3 +214,115 @@ def flash_attn_varlen_func(
                            deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                            max_seqlen_k=max_seqlen_k)
     return _run(q, k, v, args, return_lse, return_attn_probs)
+
+
+# ---------------------------------------------------------------- packed forms (flash-attn's)
+
+def _unpack(name: str, packed, axis: int, parts: int, rank: int, layout: str) -> tuple[torch.Tensor, ...]:
+    """Views of packed's `parts` slices along `axis`: no copy, and autograd assembles the packed
+    gradient from the slices' gradients."""
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() != rank or packed.shape[axis] != parts:
+        raise ValueError(f"{name} must have shape {layout}, got {tuple(packed.shape)}")
+    return packed.unbind(axis)
+
+
+def flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    dropout_seed: int | None = None,
+    dropout_offset: int = 0,
+):
+    """`flash_attn_func` on qkv (batch, seqlen, 3, nheads, headdim): q, k and v share a head count
+    and a head dim. The gradient is one (batch, seqlen, 3, nheads, headdim) tensor, as flash-attn's."""
+    q, k, v = _unpack("qkv", qkv, 2, 3, 5, "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse, dropout_seed=dropout_seed,
+                           dropout_offset=dropout_offset)
+
+
+def flash_attn_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    dropout_seed: int | None = None,
+    dropout_offset: int = 0,
+):
+    """`flash_attn_func` with kv (batch, seqlen_k, 2, nheads_k, headdim) packed; nheads_k divides
+    q's nheads (GQA/MQA)."""
+    k, v = _unpack("kv", kv, 2, 2, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse, dropout_seed=dropout_seed,
+                           dropout_offset=dropout_offset)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    dropout_seed: int | None = None,
+    dropout_offset: int = 0,
+):
+    """`flash_attn_varlen_func` on a packed batch qkv (total, 3, nheads, headdim), one cu_seqlens
+    for queries and keys."""
+    q, k, v = _unpack("qkv", qkv, 1, 3, 4, "(total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  return_lse=return_lse, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    dropout_seed: int | None = None,
+    dropout_offset: int = 0,
+):
+    """`flash_attn_varlen_func` with kv (total_k, 2, nheads_k, headdim) packed."""
+    k, v = _unpack("kv", kv, 1, 2, 4, "(total_k, 2, nheads_k, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, return_lse=return_lse, dropout_seed=dropout_seed,
+                                  dropout_offset=dropout_offset)

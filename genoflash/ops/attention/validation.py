@@ -12,7 +12,7 @@ import math
 import torch
 
 from ...settings import current as current_settings
-from ..common.checks import check_cu_seqlens, check_float_tensor, check_triton_device
+from ..common.checks import as_float, as_int, check_cu_seqlens, check_float_tensor, check_triton_device
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset, dropout_threshold
 
@@ -59,21 +59,19 @@ def check_qkv(q, k, v, varlen: bool) -> None:
 def check_scale(softmax_scale, headdim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(headdim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    softmax_scale = as_float("softmax_scale", softmax_scale)
     if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
     return float(softmax_scale)
 
 
 def check_window(window_size, causal: bool) -> tuple[int, int]:
-    try:
+    try:  # a tuple, a list, a numpy array or a tensor of two integers
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    left, right = as_int("window_size left", left), as_int("window_size right", right)
     for side, w in (("left", left), ("right", right)):
-        if isinstance(w, bool) or not isinstance(w, int):
-            raise TypeError(f"window_size {side} must be an int, got {type(w).__name__}")
         if w < -1:
             raise ValueError(f"window_size {side} must be >= -1 (-1 means unbounded), got {w}")
     # flash-attn: causal is a window whose right edge is the diagonal.
@@ -81,8 +79,7 @@ def check_window(window_size, causal: bool) -> tuple[int, int]:
 
 
 def check_softcap(softcap) -> float:
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    softcap = as_float("softcap", softcap)
     if not (math.isfinite(softcap) and softcap >= 0):
         raise ValueError(f"softcap must be finite and >= 0 (0 disables it), got {softcap}")
     return float(softcap)
@@ -136,8 +133,7 @@ def check_rotary_lengths(cos, lengths_q: list[int], lengths_k: list[int]) -> Non
 
 def check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
     """None for p = 0 (the kernels then compile without any dropout code)."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    dropout_p = as_float("dropout_p", dropout_p)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if dropout_p == 0.0:
@@ -153,8 +149,9 @@ def check_dropout(dropout_p, seed, offset) -> DropoutArgs | None:
         if torch.compiler.is_compiling():  # drawn in the graph instead (custom_ops.flash_attn)
             return DropoutArgs(float(dropout_p), None, None)
         seed, offset = draw_seed_and_offset()
+    seed, offset = as_int("dropout_seed", seed), as_int("dropout_offset", offset)
     for name, value, limit in (("dropout_seed", seed, 2**63), ("dropout_offset", offset, 2**31)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        if not 0 <= value < limit:
             raise ValueError(f"{name} must be an int in [0, {limit}), got {value!r}")
     return DropoutArgs(float(dropout_p), seed, offset)
 

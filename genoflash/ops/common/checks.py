@@ -3,12 +3,46 @@ the argument, never a wrong answer."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ...backends import triton_interpreted
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def as_int(name: str, value) -> int:
+    """value as a Python int: a Python int, a numpy integer or a 0-d integer tensor (flash-attn's
+    callers pass all three), read once; bools and anything else raise a TypeError naming it."""
+    if isinstance(value, bool) or isinstance(value, torch.Tensor) and value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an int, got a bool")
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.is_floating_point() or value.is_complex():
+            raise TypeError(f"{name} must be an int or a 0-d integer tensor, got a {value.dtype} tensor of shape "
+                            f"{tuple(value.shape)}")
+        return int(value.item())
+    if isinstance(value, int):
+        return int(value)
+    if hasattr(value, "__index__") and not isinstance(value, float):  # numpy integers
+        return operator.index(value)
+    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def as_float(name: str, value) -> float:
+    """value as a Python float: an int, a float, a numpy scalar or a 0-d real tensor, read once."""
+    if isinstance(value, bool) or isinstance(value, torch.Tensor) and value.dtype == torch.bool:
+        raise TypeError(f"{name} must be a float, got a bool")
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.is_complex():
+            raise TypeError(f"{name} must be a float or a 0-d tensor, got a tensor of shape {tuple(value.shape)}")
+        return float(value.item())
+    if isinstance(value, (int, float)):
+        return float(value)
+    if hasattr(value, "__float__") and hasattr(value, "dtype") and getattr(value.dtype, "kind", "") in "iuf":
+        return float(value)  # numpy scalars
+    raise TypeError(f"{name} must be a float, got {type(value).__name__}")
 
 
 def check_float_tensor(name: str, t, rank: int, layout: str) -> None:

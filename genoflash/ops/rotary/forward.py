@@ -72,12 +72,15 @@ def _rotary_kernel(X, OUT, COS, SIN, CU_SEQLENS, OFFSETS,
 
 def rotary_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
                    seqlen_offsets: int | torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int,
-                   inverse: bool = False) -> torch.Tensor:
-    """x rotated into a new contiguous tensor of x's shape and dtype. Inputs are validated by
-    interface.py: x's last dim is contiguous, cos/sin are contiguous (positions, rotary_dim / 2),
-    every position lies inside them; seqlen_offsets is an int or an int32 (batch,) tensor."""
+                   inverse: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x rotated into `out`: a new contiguous tensor of x's shape and dtype, or x itself (in place:
+    each program loads a pair's two channels before it stores either, and no two programs share a
+    token). Inputs are validated by interface.py: x's last dim is contiguous, cos/sin are contiguous
+    (positions, rotary_dim / 2), every position lies inside them; seqlen_offsets is an int or an
+    int32 (batch,) tensor."""
     varlen = cu_seqlens is not None
-    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if out is None:
+        out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     head_dim, rotary_dim = x.shape[-1], 2 * cos.shape[1]
     batch = cu_seqlens.numel() - 1 if varlen else x.shape[0]
     per_sequence = isinstance(seqlen_offsets, torch.Tensor)

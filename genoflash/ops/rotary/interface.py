@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...backends import select_backend
-from ..common.checks import check_cu_seqlens, check_triton_device
+from ..common.checks import as_int, check_cu_seqlens, check_triton_device
 from . import custom_ops
 from .reference import rotary_reference
 from .validation import check_offsets, check_positions
@@ -20,12 +20,15 @@ class RotaryFunction(torch.autograd.Function):
     cu_seqlens), never x: the backward rotates the output's gradient back by the same angles."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen):
+    def forward(ctx, x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, inplace):
         from .forward import rotary_forward
         offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
         ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
         ctx.interleaved, ctx.int_offset, ctx.max_seqlen = interleaved, seqlen_offsets, max_seqlen
-        return rotary_forward(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen)
+        if inplace:
+            ctx.mark_dirty(x)  # autograd's version counter then refuses any earlier use of x's old values
+        return rotary_forward(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen,
+                              out=x if inplace else None)
 
     @staticmethod
     def backward(ctx, dout):
@@ -34,19 +37,22 @@ class RotaryFunction(torch.autograd.Function):
         seqlen_offsets = offsets if offsets is not None else ctx.int_offset
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
         dx = rotary_forward(dout, cos, sin, ctx.interleaved, seqlen_offsets, cu_seqlens, ctx.max_seqlen, inverse=True)
-        return dx, None, None, None, None, None, None
+        return dx, None, None, None, None, None, None, None
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
-                     seqlen_offsets: int | torch.Tensor = 0, cu_seqlens: torch.Tensor | None = None,
-                     max_seqlen: int | None = None) -> torch.Tensor:
-    """Rotary position embedding, as a new tensor (x is not changed).
+                     inplace: bool = False, seqlen_offsets: int | torch.Tensor = 0,
+                     cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None) -> torch.Tensor:
+    """Rotary position embedding, as a new tensor, or written into x (inplace=True: x is returned).
 
     Args:
         x: (batch, seqlen, nheads, headdim), or packed (total, nheads, headdim) with cu_seqlens.
         cos, sin: (positions, rotary_dim / 2) tables, e.g. `genoflash.rotary_tables`; the first
             rotary_dim channels of each head rotate, the rest pass through.
         interleaved: GPT-J pairs (2m, 2m + 1) instead of NeoX halves (m, m + rotary_dim / 2).
+        inplace: write the rotation into x and return x (no new tensor on the triton backend when
+            x's channels are contiguous; the others rotate into a temporary and copy it back). As
+            with any in-place operation, a leaf that requires grad is refused by autograd.
         seqlen_offsets: token t of a sequence sits at position t + seqlen_offsets; an int, or one
             per sequence as an integer (batch,) tensor.
         cu_seqlens, max_seqlen: a packed batch's int32 prefix sums and its longest sequence;
@@ -72,7 +78,10 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
         raise ValueError(f"rotary_dim (2 x {cos.shape[1]}) must be in [2, headdim = {x.shape[-1]}]")
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
     if varlen:
+        max_seqlen = as_int("max_seqlen", max_seqlen)
         lengths = check_cu_seqlens("cu_seqlens", cu_seqlens, x.shape[0], max_seqlen, x.device)
         batch = cu_seqlens.shape[0] - 1
     else:
@@ -83,7 +92,10 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     if lengths is not None and offset_values is not None:  # else (compiling) the op checks them
         check_positions(lengths, offset_values, cos.shape[0])
     if x.numel() == 0:
-        return x.clone()
+        return x if inplace else x.clone()
+    if inplace and not _in_place_kernel(x):
+        return x.copy_(apply_rotary_emb(x, cos, sin, interleaved, False, seqlen_offsets, cu_seqlens,
+                                        max_seqlen if varlen else None))
 
     backend = select_backend(x.device)
     if torch.compiler.is_compiling():  # one graph node (docs/design/custom-ops.md)
@@ -98,4 +110,12 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     check_triton_device(x)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return RotaryFunction.apply(x, cos.contiguous(), sin.contiguous(), interleaved, offsets, cu_seqlens, max_seqlen)
+    return RotaryFunction.apply(x, cos.contiguous(), sin.contiguous(), interleaved, offsets, cu_seqlens, max_seqlen,
+                                inplace)
+
+
+def _in_place_kernel(x: torch.Tensor) -> bool:
+    """Whether the triton kernel can rotate x where it lies: eager (a traced call runs the custom op,
+    which returns a new tensor), on the triton backend, with x's channels contiguous."""
+    return (not torch.compiler.is_compiling() and select_backend(x.device) == "triton"
+            and x.stride(-1) == 1 and x.dtype != torch.float64)

@@ -352,6 +352,23 @@ def test_pad_unpad_roundtrip_matches_padded_attention(device):
     assert (x.grad[~mask] == 0).all() and x.grad[mask].abs().sum() > 0
 
 
+def test_unpad_with_unused_mask_packs_both_and_counts_the_used(device):
+    """flash-attn's unused_mask: its tokens are packed too (cu_seqlens and max_seqlen count them),
+    in their places; the last output counts only the tokens attention_mask marks."""
+    x = torch.arange(2 * 6, dtype=torch.float32, device=device).view(2, 6, 1)
+    used = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], device=device)
+    unused = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 1, 1]], device=device)
+    packed, indices, cu_s, max_len, seqlens = genoflash.unpad_input(x, used, unused)
+    assert indices.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert packed[:, 0].tolist() == [float(i) for i in indices.tolist()]
+    assert cu_s.tolist() == [0, 5, 11] and max_len == 6 and seqlens.tolist() == [3, 2]
+    assert torch.equal(genoflash.unpad_input(x, used)[4], seqlens)  # without it: the same used counts
+    with pytest.raises(ValueError, match="unused_mask must be false wherever attention_mask is true"):
+        genoflash.unpad_input(x, used, used)
+    with pytest.raises(ValueError, match=r"unused_mask must be \(batch, seqlen\) = \(2, 6\)"):
+        genoflash.unpad_input(x, used, unused[:, :5])
+
+
 # ---------------------------------------------------------------- bad input
 
 def varlen_call(**overrides):

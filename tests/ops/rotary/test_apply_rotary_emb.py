@@ -38,7 +38,8 @@ def run_and_check(x, cos, sin, interleaved, offsets, cu_seqlens=None, max_seqlen
     offset_values = offsets.tolist() if isinstance(offsets, torch.Tensor) else offsets
     cu = cu_seqlens.tolist() if cu_seqlens is not None else None
     with genoflash.use_backend("triton"):
-        out = apply_rotary_emb(x, cos, sin, interleaved, offsets, cu_seqlens, max_seqlen)
+        out = apply_rotary_emb(x, cos, sin, interleaved, seqlen_offsets=offsets, cu_seqlens=cu_seqlens,
+                               max_seqlen=max_seqlen)
     (dx,) = torch.autograd.grad(out, x, dout)
     results = {}
     for name, dtype in (("truth", torch.float64), ("same", x.dtype)):
@@ -93,7 +94,7 @@ def test_varlen_positions_restart_per_sequence(per_sequence, interleaved, device
     # Sequence 3 alone, as a fixed-length batch of one, gives the same rows.
     first, offset = 18, (1 if per_sequence else 2)
     with genoflash.use_backend("triton"):
-        alone = apply_rotary_emb(x[None, first:first + 129], cos, sin, interleaved, offset)[0]
+        alone = apply_rotary_emb(x[None, first:first + 129], cos, sin, interleaved, seqlen_offsets=offset)[0]
     torch.testing.assert_close(out[first:first + 129], alone, rtol=0, atol=0)
 
 
@@ -168,3 +169,45 @@ def test_attention_layer_unfused_rotary_equals_fused(varlen, device):
     torch.testing.assert_close(outs[False], outs[True], **tol)
     torch.testing.assert_close(grads[False], grads[True], **tol)
     assert outs[False].abs().max() > 0.01  # not trivially zero
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("layout", ["contiguous", "view-of-packed-qkv", "strided-channels", "varlen"])
+def test_inplace_writes_x_and_keeps_the_gradient(backend, layout, device):
+    """inplace=True returns x itself, holding what the out-of-place call returns, and the gradient
+    through it (to the tensor x was made from) is the out-of-place one."""
+    torch.manual_seed(7)
+    cos, sin = rotary_tables(40, 24, device=device)
+    kw = dict(seqlen_offsets=3)
+    if layout == "varlen":
+        kw = dict(cu_seqlens=torch.tensor([0, 5, 22], dtype=torch.int32, device=device), max_seqlen=17)
+    shape = {"contiguous": (2, 17, 3, 40), "view-of-packed-qkv": (2, 17, 3, 3, 40),
+             "strided-channels": (2, 17, 3, 40, 2), "varlen": (22, 3, 40)}[layout]
+    source = torch.randn(*shape, device=device, requires_grad=True)
+
+    def view(t):  # the tensor rotated: all of t, q's slice of a packed qkv, or every other channel
+        return {"view-of-packed-qkv": lambda: t[:, :, 0], "strided-channels": lambda: t[..., 0]}.get(layout, lambda: t)()
+
+    dout = torch.randn_like(view(source))
+    with genoflash.use_backend(backend):
+        want = apply_rotary_emb(view(source), cos, sin, **kw)
+        (want_grad,) = torch.autograd.grad(want, source, dout)
+        whole = source.clone()  # not a leaf: autograd allows writing into it
+        x = view(whole)
+        got = apply_rotary_emb(x, cos, sin, inplace=True, **kw)
+        assert got is x
+        (got_grad,) = torch.autograd.grad(got, source, dout)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(view(whole), want, rtol=0, atol=0)  # written where it lies
+    torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=0)
+    if layout == "view-of-packed-qkv":  # k and v are untouched
+        torch.testing.assert_close(whole[:, :, 1:], source[:, :, 1:], rtol=0, atol=0)
+
+
+def test_inplace_on_a_leaf_that_requires_grad_is_refused(device):
+    cos, sin = rotary_tables(8, 16, device=device)
+    x = torch.randn(1, 8, 1, 16, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        apply_rotary_emb(x, cos, sin, inplace=True)
+    with pytest.raises(TypeError, match="inplace must be a bool"):
+        apply_rotary_emb(x, cos, sin, False, 0)
