@@ -39,7 +39,7 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     if kwargs.get("output_attentions"):
         raise ValueError("genoflash never forms the attention matrix: output_attentions is not available; "
                          "use attn_implementation='eager' to inspect attention weights")
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout: (batch, seqlen, heads, dim)
+    q, k, v = _common_dtype(module, *(t.transpose(1, 2) for t in (query, key, value)))  # (batch, seqlen, heads, dim)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     # transformers counts a window in tokens including the current one; flash-attn's bounds are
     # inclusive offsets, so a window of w tokens is w - 1 to each side.
@@ -61,6 +61,10 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
         raise ValueError(f"genoflash expects transformers' 2-D boolean padding mask (batch, kv_len), got "
                          f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
     batch, q_len = q.shape[:2]
+    if k.shape[1] > attention_mask.shape[1]:
+        # A static cache: K/V hold every slot it allocated, the mask covers the filled ones, which
+        # come first (transformers' FlashAttention path slices the same way).
+        k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]
     kv_mask = attention_mask[:, -k.shape[1]:]
     q_mask = kv_mask[:, -q_len:]  # queries are the last q_len positions (decoding with a cache)
     q_packed, q_index, cu_q, max_q, _ = unpad_input(q, q_mask)
@@ -69,6 +73,22 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     out = flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, **kw)
     # Fully padded query rows come back as zeros.
     return pad_input(out, q_index, batch, q_len), None
+
+
+def _common_dtype(module: torch.nn.Module, q, k, v):
+    """q, k and v in one 16-bit dtype where transformers' FlashAttention path casts them: under
+    autocast (with float32 weights, RoPE leaves q and k in float32 beside a bfloat16 v) the autocast
+    dtype; otherwise, where they differ, the dtype of the layer's weights. Same-dtype inputs outside
+    autocast pass unchanged (float32 runs as float32)."""
+    device_type = q.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    if q.dtype == k.dtype == v.dtype and not (autocast and q.dtype == torch.float32):
+        return q, k, v
+    if autocast:
+        target = torch.get_autocast_dtype(device_type)
+    else:
+        target = next((p.dtype for p in module.parameters() if p.is_floating_point()), q.dtype)
+    return q.to(target), k.to(target), v.to(target)
 
 
 def _packed_boundaries(position_ids, batch: int, q_len: int, kv_len: int):

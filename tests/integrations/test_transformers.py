@@ -57,6 +57,36 @@ def test_generation_with_a_cache_matches_eager():
     assert torch.equal(got, eager.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False))
 
 
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_static_cache_generation_matches_eager(padding):
+    """generate(cache_implementation="static"): K/V hold every allocated slot, the mask only the
+    filled ones; the tokens equal eager's."""
+    eager, ours = tiny_llama("eager"), tiny_llama("genoflash")
+    ids = torch.randint(0, 64, (2, 10))
+    mask = torch.ones_like(ids)
+    if padding == "left":
+        mask[0, :4] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    with genoflash.use_backend("torch"):
+        got = ours.generate(ids, **kw)
+    assert torch.equal(got, eager.generate(ids, **kw))
+
+
+def test_autocast_with_float32_weights_matches_eager():
+    """Under autocast with float32 weights, RoPE leaves q and k in float32 beside a bfloat16 v:
+    they are cast to the autocast dtype, as transformers' FlashAttention path does."""
+    eager, ours = tiny_llama("eager"), tiny_llama("genoflash")
+    ids = torch.randint(0, 64, (2, 33))
+    with torch.autocast("cpu", dtype=torch.bfloat16), genoflash.use_backend("torch"):
+        got = ours(ids).logits
+        got.float().sum().backward()
+        ref = eager(ids).logits
+    assert got.dtype == ref.dtype
+    # bfloat16 attention on both sides: within a few bfloat16 roundings of each other
+    torch.testing.assert_close(got.float(), ref.float(), rtol=3e-2, atol=3e-2)
+    assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
+
+
 def test_sliding_window_matches_eager():
     config = transformers.MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
