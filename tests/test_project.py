@@ -29,7 +29,8 @@ def test_readme_signatures_match_the_functions():
     import genoflash
 
     text = (ROOT / "README.md").read_text()
-    for fn in (genoflash.flash_attn_func, genoflash.flash_attn_varlen_func, genoflash.apply_rotary_emb):
+    for fn in (genoflash.flash_attn_func, genoflash.flash_attn_varlen_func, genoflash.flash_attn_with_kvcache,
+               genoflash.apply_rotary_emb):
         documented = re.search(rf"`{fn.__name__}\((.*?)\)`", text).group(1)
         parts = []
         for p in inspect.signature(fn).parameters.values():

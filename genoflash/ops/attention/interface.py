@@ -17,9 +17,10 @@ from . import custom_ops, reference
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset
 from .passes import backward_pass, forward_pass, rotate_qk, torch_kwargs
-from ..common.checks import as_int
-from .validation import (attention_args, check_cu_seqlens, check_qkv, check_triton_device,
-                         last_dim_contiguous)
+from ..common.checks import as_int, check_float_tensor
+from ..rotary.interface import apply_rotary_emb
+from .validation import (attention_args, check_cu_seqlens, check_headdim, check_qkv, check_triton_device,
+                         check_window, last_dim_contiguous)
 
 
 class FlashAttnFunc(torch.autograd.Function):
@@ -326,3 +327,106 @@ def flash_attn_varlen_kvpacked_func(
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, return_lse=return_lse, dropout_seed=dropout_seed,
                                   dropout_offset=dropout_offset)
+
+
+# ---------------------------------------------------------------- decoding with a KV cache
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+):
+    """Attention of q against a KV cache, appending new keys and values to it first (flash-attn's
+    `flash_attn_with_kvcache`, its arguments and semantics). For inference: not differentiable.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim).
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim[_v]), or paged with block_table:
+            (num_blocks, page_block_size, nheads_k, headdim[_v]). nheads_k divides nheads (GQA/MQA).
+        k, v: optional new tokens (batch, seqlen_new, nheads_k, headdim[_v]), written into the cache in
+            place at slots cache_seqlens[b] .. + seqlen_new (rotated first when rotary tables are
+            given), and attended to.
+        rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) tables; the new k is rotated at its slots,
+            and q at cache_seqlens + i when causal or windowed, else every query at cache_seqlens.
+        cache_seqlens: the filled slots of each sequence before this call: an int or an int32
+            (batch,) tensor; None means every slot of the cache is filled.
+        cache_batch_idx: int32 (batch,): the cache row of each sequence (default 0 .. batch - 1).
+        cache_leftpad: int32 (batch,): each sequence's keys start at this slot (left padding).
+        block_table: int32 (batch, max_num_blocks_per_seq): a paged cache's pages of each sequence.
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as in `flash_attn_func`, with the
+            keys of sequence b counted from cache_leftpad[b] to its last new token (causal is
+            bottom-right aligned to them).
+        rotary_interleaved: GPT-J pairs (flash-attn's default here) instead of NeoX halves.
+        num_splits: how many parts the keys are split into (flash-attn's split-KV decoding); 0
+            chooses. Accepted for flash-attn's signature: the current path does not split.
+        return_softmax_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q).
+
+    Returns:
+        out (batch, seqlen_q, nheads, headdim_v), or (out, lse).
+    """
+    from . import kvcache
+
+    check_float_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    check_headdim("q", q.shape[-1])
+    windowed = check_window(window_size, False) != (-1, -1)
+    layout = kvcache.check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    if isinstance(num_splits, bool) or as_int("num_splits", num_splits) < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+    batch, seqlen_q = q.shape[:2]
+    positions = torch.tensor(layout.seqlens, dtype=torch.int32, device=q.device)
+    if rotary_cos is not None or rotary_sin is not None:
+        if rotary_cos is None or rotary_sin is None:
+            raise ValueError("rotary_cos and rotary_sin must be given together")
+        if not isinstance(rotary_cos, torch.Tensor) or rotary_cos.dim() != 2:
+            raise TypeError("rotary_cos must be a 2-D tensor (seqlen_ro, rotary_dim / 2)")
+        # Every position this call rotates lies inside the tables (apply_rotary_emb checks it too).
+        q_positions = seqlen_q if causal or windowed else 1
+        if rotary_cos.shape[0] < max(n + max(layout.seqlen_new, q_positions) for n in layout.seqlens):
+            raise ValueError(f"the rotary tables cover {rotary_cos.shape[0]} positions but this call reaches "
+                             f"{max(n + max(layout.seqlen_new, q_positions) for n in layout.seqlens) - 1}")
+    with torch.no_grad():
+        if rotary_cos is not None:
+            if q_positions == seqlen_q:
+                q = apply_rotary_emb(q, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=positions)
+            else:  # every query sits at cache_seqlens: rotate them as one token of seqlen_q x nheads heads
+                q = apply_rotary_emb(q.reshape(batch, 1, -1, q.shape[-1]), rotary_cos, rotary_sin, rotary_interleaved,
+                                     seqlen_offsets=positions).view(q.shape)
+            if k is not None:
+                k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=positions)
+        if k is not None:
+            kvcache.append(k_cache, k, layout)
+            kvcache.append(v_cache, v, layout)
+        kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                  alibi_slopes=alibi_slopes, return_lse=True)
+        if kvcache.whole_rows(layout, batch):  # the cache as it lies: no copy
+            out, lse = flash_attn_func(q, k_cache[:batch], v_cache[:batch], **kw)
+        else:
+            keys, counts = kvcache.gather(k_cache, layout, batch)
+            values, _ = kvcache.gather(v_cache, layout, batch)
+            if not keys.shape[0]:  # no sequence has a key: every query sees none (output 0, lse -inf)
+                out = q.new_zeros(*q.shape[:3], v_cache.shape[-1])
+                lse = torch.full((batch, q.shape[2], seqlen_q), -torch.inf, device=q.device)
+                return (out, lse) if return_softmax_lse else out
+            cu_k = torch.tensor([0] + counts, device=q.device).cumsum(0).to(torch.int32)
+            cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, device=q.device, dtype=torch.int32)
+            out, lse = flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), keys, values, cu_q, cu_k, seqlen_q,
+                                              max(counts), **kw)
+            out = out.view(batch, seqlen_q, *out.shape[1:])
+            lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,163 @@
+"""The KV cache of `flash_attn_with_kvcache`: where each sequence's tokens live, appending new ones in
+place, and reading a sequence's keys out, for a contiguous cache or a paged one.
+
+A sequence b of the batch owns the cache rows of `cache_batch_idx[b]` (a contiguous cache) or the
+pages `block_table[b]` (a paged cache, token t in page block_table[b, t // page_size] at row
+t % page_size). Its keys are the slots [cache_leftpad[b], cache_seqlens[b] + seqlen_new): the slots
+before cache_leftpad are left padding, and the new tokens go at cache_seqlens[b] onwards. Positions
+(RoPE, as in flash-attn) are slot indices; the masks count keys from cache_leftpad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..common.checks import as_int
+from .validation import check_headdim
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Validated cache geometry. Lists are per sequence of the batch (host values, read once)."""
+
+    seqlens: list[int]       # filled slots before this call's new tokens (cache_seqlens)
+    leftpad: list[int]       # the first slot that holds a key
+    rows: list[int] | None   # contiguous cache: the cache row of each sequence (cache_batch_idx)
+    pages: torch.Tensor | None  # paged cache: (batch, max_pages) int page indices (block_table)
+    page_size: int           # a paged cache's rows per page; a contiguous cache's seqlen_cache
+    capacity: int            # slots a sequence can hold
+    seqlen_new: int          # new tokens appended to each sequence
+
+    def ends(self) -> list[int]:
+        return [n + self.seqlen_new for n in self.seqlens]
+
+    def slot_index(self, batch: int, start: list[int], end: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first-dim, second-dim) index tensors of the cache for slots [start[b], end[b]) of every
+        sequence b, concatenated in batch order."""
+        counts = torch.tensor([e - s for s, e in zip(start, end)], device=device)
+        seq = torch.repeat_interleave(torch.arange(batch, device=device), counts)
+        first = torch.tensor(start, device=device).repeat_interleave(counts)
+        slot = first + torch.arange(seq.numel(), device=device) - (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)
+        if self.pages is not None:
+            return self.pages[seq, slot // self.page_size].long(), slot % self.page_size
+        return torch.tensor(self.rows, device=device)[seq], slot
+
+
+def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table) -> CacheLayout:
+    """Shapes, dtypes and every index value, with errors naming the argument: nothing out of the
+    cache is ever read or written."""
+    batch, _, nheads, headdim = q.shape
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (batch_cache, seqlen_cache, nheads_k, headdim) or, paged, "
+                             f"(num_blocks, page_block_size, nheads_k, headdim)")
+        if t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"{name} must have q's dtype and device ({q.dtype}, {q.device}), got {t.dtype}, {t.device}")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must agree but for "
+                         f"the last dim")
+    if k_cache.shape[-1] != headdim:
+        raise ValueError(f"k_cache's headdim ({k_cache.shape[-1]}) must be q's ({headdim})")
+    check_headdim("v_cache", v_cache.shape[-1])
+    nheads_k = k_cache.shape[2]
+    if nheads % nheads_k:
+        raise ValueError(f"q's nheads ({nheads}) must be a multiple of the cache's nheads_k ({nheads_k})")
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new tokens) must be given together")
+    seqlen_new = 0
+    if k is not None:
+        want_k = (batch, k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1, nheads_k, headdim)
+        for name, t, d in (("k", k, headdim), ("v", v, v_cache.shape[-1])):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != (*want_k[:3], d):
+                raise ValueError(f"{name} must be (batch, seqlen_new, nheads_k, headdim) = "
+                                 f"{(batch, 'seqlen_new', nheads_k, d)}, got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            if t.dtype != q.dtype or t.device != q.device:
+                raise TypeError(f"{name} must have q's dtype and device, got {t.dtype}, {t.device}")
+        seqlen_new = k.shape[1]
+
+    paged = block_table is not None
+    if paged:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
+                or block_table.shape[0] != batch:
+            raise TypeError(f"block_table must be an int32 (batch, max_num_blocks_per_seq) tensor with batch = {batch}")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table must be on {q.device}, got {block_table.device}")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx goes with a contiguous cache: a paged cache's block_table already "
+                             "names each sequence's pages")
+        num_blocks, page_size = k_cache.shape[:2]
+        capacity = block_table.shape[1] * page_size
+        rows = None
+    else:
+        cache_batch, page_size = k_cache.shape[:2]
+        capacity = page_size
+        if cache_batch_idx is None:
+            if cache_batch < batch:
+                raise ValueError(f"the cache holds {cache_batch} sequences but q has batch {batch}; pass "
+                                 "cache_batch_idx to pick cache rows")
+            rows = list(range(batch))
+        else:
+            rows = _int_values("cache_batch_idx", cache_batch_idx, batch, q.device)
+            if min(rows) < 0 or max(rows) >= cache_batch:
+                raise ValueError(f"cache_batch_idx must index the cache's {cache_batch} rows, got {min(rows)}..{max(rows)}")
+            if len(set(rows)) != len(rows) and seqlen_new:
+                raise ValueError("cache_batch_idx repeats a row: two sequences would append to the same cache row")
+
+    if cache_seqlens is None:
+        if seqlen_new:
+            raise ValueError("cache_seqlens must be given with new k and v: it says where they go")
+        seqlens = [capacity] * batch
+    elif isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 1:
+        seqlens = _int_values("cache_seqlens", cache_seqlens, batch, q.device)
+    else:
+        seqlens = [as_int("cache_seqlens", cache_seqlens)] * batch
+    leftpad = [0] * batch if cache_leftpad is None else _int_values("cache_leftpad", cache_leftpad, batch, q.device)
+    if paged and cache_leftpad is not None:
+        raise ValueError("cache_leftpad goes with a contiguous cache, not with block_table")
+    for b, (n, p) in enumerate(zip(seqlens, leftpad)):
+        if n < 0 or n + seqlen_new > capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {n} plus {seqlen_new} new tokens must fit the cache's "
+                             f"{capacity} slots")
+        if not 0 <= p <= n:
+            raise ValueError(f"cache_leftpad[{b}] = {p} must be in [0, cache_seqlens[{b}] = {n}]")
+    if paged:  # the pages a sequence uses must exist
+        used = -(-max(n + seqlen_new for n in seqlens) // page_size)
+        if used:
+            pages = block_table[:, :used]
+            lo, hi = int(pages.min()), int(pages.max())
+            if lo < 0 or hi >= num_blocks:
+                raise ValueError(f"block_table must name pages in [0, {num_blocks}), got {lo}..{hi}")
+    return CacheLayout(seqlens, leftpad, rows, block_table if paged else None, page_size, capacity, seqlen_new)
+
+
+def _int_values(name: str, t, batch: int, device) -> list[int]:
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (batch,):
+        raise TypeError(f"{name} must be an int32 tensor of shape ({batch},), got "
+                        f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
+                        f"{' ' + str(tuple(t.shape)) if isinstance(t, torch.Tensor) else ''}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    return t.tolist()  # one small copy: every index is checked before the cache is touched
+
+
+def append(cache: torch.Tensor, new: torch.Tensor, layout: CacheLayout) -> None:
+    """Write new (batch, seqlen_new, ...) into the cache at slots [cache_seqlens[b], + seqlen_new)."""
+    batch = new.shape[0]
+    first, second = layout.slot_index(batch, layout.seqlens, layout.ends(), new.device)
+    cache[first, second] = new.reshape(-1, *new.shape[2:])
+
+
+def gather(cache: torch.Tensor, layout: CacheLayout, batch: int) -> tuple[torch.Tensor, list[int]]:
+    """Every sequence's keys (slots [cache_leftpad[b], end)), packed (total, nheads_k, d), and their counts."""
+    ends = layout.ends()
+    first, second = layout.slot_index(batch, layout.leftpad, ends, cache.device)
+    return cache[first, second], [e - p for p, e in zip(layout.leftpad, ends)]
+
+
+def whole_rows(layout: CacheLayout, batch: int) -> bool:
+    """Whether every sequence's keys are its whole cache row, in order: the cache can be read as it is."""
+    return (layout.pages is None and layout.rows == list(range(batch)) and not any(layout.leftpad)
+            and all(e == layout.capacity for e in layout.ends()))

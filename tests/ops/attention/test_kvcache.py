@@ -1,0 +1,208 @@
+"""flash_attn_with_kvcache against a float64 reference built one sequence at a time: new tokens
+appended in place (contiguous and paged caches, cache_batch_idx, left padding), RoPE at flash-attn's
+positions, the masks counted from the first key, GQA, and the cache's contents after the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import genoflash
+from genoflash.ops.attention.reference import attention_reference
+from genoflash.ops.rotary import rotary_reference, rotary_tables
+
+from tests.utils import EPS, HAS_CUDA
+
+BACKENDS = ["triton", "torch"]
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_CUDA else [])
+
+pytestmark = pytest.mark.usefixtures("poison_allocations")
+
+
+def reference(q, k_rows, v_rows, seqlens, leftpad, k_new, v_new, cos, sin, interleaved, causal, window, softcap,
+              alibi, dtype):
+    """Per sequence b: its cache row (k_rows[b], as it was) with the new tokens written at
+    seqlens[b] (rotated at their slots), keys from leftpad[b]; q rotated at flash-attn's positions;
+    standard attention in `dtype`. Returns (out, lse, the rows after the append)."""
+    outs, lses, rows_k, rows_v = [], [], [], []
+    batch, seqlen_q = q.shape[:2]
+    for b in range(batch):
+        kb, vb, qb = k_rows[b].to(dtype).clone(), v_rows[b].to(dtype).clone(), q[b:b + 1].to(dtype)
+        n, p = seqlens[b], leftpad[b]
+        c, s = (cos.to(dtype), sin.to(dtype)) if cos is not None and dtype == torch.float64 else (cos, sin)
+        if k_new is not None:
+            new_k = k_new[b:b + 1].to(dtype)
+            if cos is not None:
+                new_k = rotary_reference(new_k, c, s, interleaved, [n])
+            kb[n:n + k_new.shape[1]] = new_k[0]
+            vb[n:n + k_new.shape[1]] = v_new[b].to(dtype)
+        rows_k.append(kb)
+        rows_v.append(vb)
+        if cos is not None:
+            if causal or window != (-1, -1):
+                qb = rotary_reference(qb, c, s, interleaved, [n])
+            else:  # every query at slot n
+                qb = torch.cat([rotary_reference(qb[:, i:i + 1], c, s, interleaved, [n]) for i in range(seqlen_q)], 1)
+        end = n + (0 if k_new is None else k_new.shape[1])
+        keys, values = kb[None, p:end], vb[None, p:end]
+        group = q.shape[2] // keys.shape[2]
+        keys, values = (t.repeat_interleave(group, dim=2) for t in (keys, values))
+        out, lse = attention_reference(qb, keys, values, None, causal, window, softcap,
+                                       None if alibi is None else alibi[b] if alibi.dim() == 2 else alibi)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses), torch.stack(rows_k), torch.stack(rows_v)
+
+
+def within_rule(got, truth, same, name):
+    assert not torch.isnan(got).any(), f"{name}: NaN"
+    err = (got.double() - truth).abs().max().item()
+    err_std = (same.double() - truth).abs().max().item()
+    eps = EPS[got.dtype] * max(truth.abs().max().item(), 1.0)
+    assert err <= 2 * err_std + eps, f"{name}: error {err:.3e} > 2 x {err_std:.3e} + {eps:.1e}"
+
+
+CASES = {  # batch, seqlen_q, nheads, nheads_k, headdim, seqlens, seqlen_new, leftpad, extra arguments
+    "decode-one-token": (3, 1, 4, 2, 40, [0, 16, 128], 1, None, {}),
+    "prefill-causal": (2, 17, 2, 2, 24, [5, 0], 17, None, dict(causal=True)),
+    "no-new-tokens": (2, 3, 4, 1, 16, [1, 129], 0, None, dict(causal=True)),
+    "left-padding": (2, 2, 2, 1, 16, [20, 9], 2, [7, 9], dict(causal=True)),
+    "window-softcap-alibi": (2, 5, 2, 2, 16, [40, 12], 5, None, dict(causal=True, window_size=(8, 0), softcap=5.0,
+                                                                    alibi=True)),
+    "rotary-causal": (2, 3, 2, 1, 32, [17, 60], 3, None, dict(causal=True, rotary=True)),
+    "rotary-full": (2, 3, 2, 1, 32, [17, 60], 3, [4, 0], dict(rotary=True, interleaved=False)),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_the_float64_reference(backend, dtype, paged, case, device):
+    batch, seqlen_q, nheads, nheads_k, d, seqlens, seqlen_new, leftpad, extra = CASES[case]
+    if paged and leftpad is not None:
+        pytest.skip("cache_leftpad goes with a contiguous cache")
+    torch.manual_seed(sum(seqlens) + seqlen_q)
+    capacity, page = 144, 16  # a paged sequence may fill past the last row of a page
+    q = torch.randn(batch, seqlen_q, nheads, d, dtype=dtype, device=device)
+    rows_k = torch.randn(batch, capacity, nheads_k, d, dtype=dtype, device=device)
+    rows_v = torch.randn(batch, capacity, nheads_k, d + 8, dtype=dtype, device=device)
+    k_new = v_new = None
+    if seqlen_new:
+        k_new = torch.randn(batch, seqlen_new, nheads_k, d, dtype=dtype, device=device)
+        v_new = torch.randn(batch, seqlen_new, nheads_k, d + 8, dtype=dtype, device=device)
+    cos = sin = None
+    if extra.get("rotary"):
+        cos, sin = rotary_tables(capacity, 24, device=device)  # rotary_dim 24 < headdim 32
+    interleaved = extra.get("interleaved", True)
+    alibi = torch.rand(batch, nheads, device=device) if extra.get("alibi") else None
+    causal, window, softcap = extra.get("causal", False), extra.get("window_size", (-1, -1)), extra.get("softcap", 0.0)
+    kw = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=torch.tensor(seqlens, dtype=torch.int32, device=device),
+              cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32, device=device),
+              causal=causal, window_size=window, softcap=softcap, rotary_interleaved=interleaved, alibi_slopes=alibi,
+              return_softmax_lse=True)
+    if paged:  # the pages of the sequences shuffled through a pool with spare pages
+        pages = capacity // page
+        order = torch.randperm(batch * pages + 3, device=device)[:batch * pages].view(batch, pages)
+        k_cache = torch.randn(batch * pages + 3, page, nheads_k, d, dtype=dtype, device=device)
+        v_cache = torch.randn(batch * pages + 3, page, nheads_k, d + 8, dtype=dtype, device=device)
+        k_cache[order.flatten()] = rows_k.reshape(-1, page, nheads_k, d)
+        v_cache[order.flatten()] = rows_v.reshape(-1, page, nheads_k, d + 8)
+        kw["block_table"] = order.to(torch.int32)
+    else:  # the sequences in a larger cache, in another order
+        k_cache = torch.randn(batch + 2, capacity, nheads_k, d, dtype=dtype, device=device)
+        v_cache = torch.randn(batch + 2, capacity, nheads_k, d + 8, dtype=dtype, device=device)
+        idx = torch.randperm(batch + 2, device=device)[:batch]
+        k_cache[idx], v_cache[idx] = rows_k, rows_v
+        kw["cache_batch_idx"] = idx.to(torch.int32)
+    with genoflash.use_backend(backend):
+        out, lse = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kw)
+    args = (q, rows_k, rows_v, seqlens, leftpad or [0] * batch, k_new, v_new, cos, sin, interleaved, causal, window,
+            softcap, alibi)
+    truth = reference(*args, torch.float64)
+    same = reference(*args, dtype)
+    within_rule(out, truth[0], same[0], "out")
+    finite = torch.isfinite(truth[1])
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite].double(), truth[1][finite], rtol=0, atol=1e-3 if dtype != torch.float32 else 1e-5)
+    # The cache now holds the (rotated) new tokens where they belong, and nothing else changed.
+    after_k = k_cache[kw["block_table"].long()].reshape(batch, capacity, nheads_k, d) if paged else k_cache[idx]
+    after_v = v_cache[kw["block_table"].long()].reshape(batch, capacity, nheads_k, d + 8) if paged else v_cache[idx]
+    within_rule(after_k, truth[2], same[2], "k_cache")
+    torch.testing.assert_close(after_v, same[3], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_whole_cache_is_read_in_place(backend, device):
+    """cache_seqlens None (every slot filled), rows in order: the call reads the cache as it lies and
+    equals flash_attn_func on it."""
+    torch.manual_seed(11)
+    q = torch.randn(2, 1, 4, 16, device=device)
+    k_cache, v_cache = (torch.randn(2, 33, 2, 16, device=device) for _ in range(2))
+    with genoflash.use_backend(backend):
+        got = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache)
+        want = genoflash.flash_attn_func(q, k_cache, v_cache)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_int_cache_seqlens_and_decoding_step_by_step(device):
+    """Decoding token by token into a cache equals attention over the whole sequence at each step."""
+    torch.manual_seed(12)
+    k_all, v_all = (torch.randn(1, 9, 2, 16, device=device) for _ in range(2))
+    q_all = torch.randn(1, 9, 2, 16, device=device)
+    k_cache, v_cache = (torch.zeros(1, 16, 2, 16, device=device) for _ in range(2))
+    with genoflash.use_backend("torch"):
+        for t in range(9):
+            got = genoflash.flash_attn_with_kvcache(q_all[:, t:t + 1], k_cache, v_cache, k_all[:, t:t + 1],
+                                                    v_all[:, t:t + 1], cache_seqlens=t, causal=True)
+            want = genoflash.flash_attn_func(q_all[:, t:t + 1], k_all[:, :t + 1], v_all[:, :t + 1], causal=True)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_cache[:, :9], k_all, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(cache_seqlens=torch.tensor([10, 31], dtype=torch.int32)), ValueError, r"cache_seqlens\[1\] = 31 plus 2 new"),
+    (dict(cache_seqlens=torch.tensor([1, 2])), None, None),  # int64 is taken
+    (dict(cache_seqlens=torch.tensor([1.0, 2.0])), TypeError, "cache_seqlens must be an int32 tensor"),
+    (dict(cache_seqlens=None), ValueError, "cache_seqlens must be given with new k and v"),
+    (dict(cache_leftpad=torch.tensor([3, 0], dtype=torch.int32)), ValueError, r"cache_leftpad\[0\] = 3"),
+    (dict(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32)), ValueError, "cache_batch_idx must index"),
+    (dict(cache_batch_idx=torch.tensor([1, 1], dtype=torch.int32)), ValueError, "repeats a row"),
+    (dict(block_table=torch.zeros(2, 2, dtype=torch.int64)), TypeError, "block_table must be an int32"),
+    (dict(block_table=torch.tensor([[0, 1], [9, 2]], dtype=torch.int32)), ValueError, r"pages in \[0, 8\)"),
+    (dict(num_splits=-1), ValueError, "num_splits must be an int >= 0"),
+    (dict(rotary_cos=torch.ones(4, 4)), ValueError, "rotary_cos and rotary_sin must be given together"),
+    (dict(rotary_cos=torch.ones(3, 4), rotary_sin=torch.ones(3, 4)), ValueError, "tables cover 3 positions"),
+])
+def test_bad_input_names_the_argument(kw, error, match):
+    q = torch.randn(2, 2, 2, 16)
+    k_cache, v_cache = torch.zeros(2, 32, 1, 16), torch.zeros(2, 32, 1, 16)
+    k, v = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+    args = dict(cache_seqlens=torch.tensor([1, 2], dtype=torch.int32))
+    args.update(kw)
+    if "block_table" in kw:
+        k_cache, v_cache = torch.zeros(8, 16, 1, 16), torch.zeros(8, 16, 1, 16)
+    if error is None:
+        genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **args)
+        return
+    with pytest.raises(error, match=match):
+        genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **args)
+    assert not k_cache.any()  # nothing was written before the error
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seqlens", [[0, 5], [0, 0]], ids=["one-empty", "all-empty"])
+def test_a_sequence_without_keys_gets_zeros_and_minus_inf(backend, seqlens, device):
+    torch.manual_seed(13)
+    q = torch.randn(2, 1, 2, 16, device=device)
+    k_cache, v_cache = (torch.randn(2, 8, 2, 16, device=device) for _ in range(2))
+    with genoflash.use_backend(backend):
+        out, lse = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True,
+                                                     cache_seqlens=torch.tensor(seqlens, dtype=torch.int32,
+                                                                                device=device))
+    for b, n in enumerate(seqlens):
+        if n == 0:
+            assert (out[b] == 0).all() and (lse[b] == -torch.inf).all()
+        else:
+            want = genoflash.flash_attn_func(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
+            torch.testing.assert_close(out[b:b + 1], want)
