@@ -63,7 +63,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.nheads, self.nheads_k = nheads, nheads_k or nheads
         self.head_dim = head_dim or dim // nheads
-        if self.head_dim % 8 or not 8 <= self.head_dim <= MAX_HEADDIM:  # what the kernels take (validation.py)
+        # A layer's head dim is one the kernels tile as it is (the functions pad others per call: passes.py)
+        if self.head_dim % 8 or not 8 <= self.head_dim <= MAX_HEADDIM:
             source = "head_dim" if head_dim else f"dim // nheads = {dim} // {nheads}"
             raise ValueError(f"the head dim ({source} = {self.head_dim}) must be a multiple of 8 between 8 and "
                              f"{MAX_HEADDIM}")

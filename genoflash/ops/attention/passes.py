@@ -7,6 +7,8 @@ chunked.py's tiled online softmax in PyTorch ops, after rotating q and k here.
 
 from __future__ import annotations
 
+import torch
+
 from ..rotary import rotate, rotate_packed
 from . import chunked
 from .args import AttentionArgs
@@ -34,9 +36,27 @@ def rotate_qk(q, k, a: AttentionArgs, inverse: bool = False):
             rotate_packed(k, *table, cu_k, [0] * len(offsets_q), a.rotary_interleaved, inverse))
 
 
+# The kernels' channel tiles (and TMA's 16-byte rows) take head dims in multiples of 8; any other
+# head dim runs zero-padded to the next one, as flash-attn pads. Zero channels add nothing to a score
+# (softmax_scale was fixed from the real head dim) and produce zero output channels, which are cut.
+CHANNEL_MULTIPLE = 8
+
+
+def _pad_channels(t: torch.Tensor) -> torch.Tensor:
+    extra = -t.shape[-1] % CHANNEL_MULTIPLE
+    return torch.nn.functional.pad(t, (0, extra)) if extra else t
+
+
+def _needs_padding(q, v) -> bool:
+    return bool(q.shape[-1] % CHANNEL_MULTIPLE or v.shape[-1] % CHANNEL_MULTIPLE)
+
+
 def forward_pass(q, k, v, a: AttentionArgs, backend: str):
     if backend == "triton":
         from .forward import attention_forward  # triton is only needed for this backend
+        if _needs_padding(q, v):
+            out, lse = attention_forward(_pad_channels(q), _pad_channels(k), _pad_channels(v), a)
+            return out[..., :v.shape[-1]].contiguous(), lse
         return attention_forward(q, k, v, a)
     q, k = rotate_qk(q, k, a)
     if a.varlen:
@@ -48,6 +68,10 @@ def forward_pass(q, k, v, a: AttentionArgs, backend: str):
 def backward_pass(dout, q, k, v, out, lse, a: AttentionArgs, backend: str):
     if backend == "triton":
         from .backward import attention_backward
+        if _needs_padding(q, v):  # out's padded channels were zeros: padding them again is exact
+            dq, dk, dv = attention_backward(*(_pad_channels(t) for t in (dout, q, k, v, out)), lse, a)
+            d, d_v = q.shape[-1], v.shape[-1]
+            return dq[..., :d].contiguous(), dk[..., :d].contiguous(), dv[..., :d_v].contiguous()
         return attention_backward(dout, q, k, v, out, lse, a)
     q, k = rotate_qk(q, k, a)
     if a.varlen:

@@ -27,8 +27,10 @@ _MAX_SEQ_STRIDE = (2**31 - 1) // 256
 # ---------------------------------------------------------------- validation
 
 def check_headdim(name: str, d: int) -> None:
-    if d > MAX_HEADDIM or d % 8 != 0 or d < 8:
-        raise ValueError(f"{name} headdim must be a multiple of 8 between 8 and {MAX_HEADDIM}, got {d}")
+    """Any head dim from 1 to MAX_HEADDIM; the triton backend pads others than multiples of 8
+    (passes.py)."""
+    if not 1 <= d <= MAX_HEADDIM:
+        raise ValueError(f"{name} headdim must be between 1 and {MAX_HEADDIM}, got {d}")
 
 
 def check_qkv(q, k, v, varlen: bool) -> None:

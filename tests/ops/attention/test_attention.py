@@ -66,6 +66,42 @@ def test_head_dims(backend, headdim, causal, dtype, device):
     run_case(backend, 2, 129, 97, 2, headdim, causal, dtype, device)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim,headdim_v", [(1, 1), (3, 13), (59, 59), (100, 36), (255, 255)])
+def test_any_head_dim(backend, headdim, headdim_v, causal, dtype, device):
+    """Head dims that are not multiples of 8 (flash-attn takes any up to 256): the triton backend
+    runs them zero-padded; outputs and every gradient keep the real head dims."""
+    torch.manual_seed(headdim + headdim_v)
+    seqlen = 17 if headdim < 255 else 9
+    q, k, v, dout = random_qkv(2, seqlen, seqlen + 4, 2, headdim, dtype, device)
+    v = torch.randn(2, seqlen + 4, 2, headdim_v, dtype=dtype, device=device, requires_grad=True)
+    dout = torch.randn(2, seqlen, 2, headdim_v, dtype=dtype, device=device)
+    with genoflash.use_backend(backend):
+        got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal), q, k, v, dout)
+    truth, same = reference_pair(q, k, v, dout, causal)
+    assert_within_rule(got, truth, same)
+
+
+def test_kernels_see_head_dims_in_multiples_of_8(monkeypatch, device):
+    """The tile shapes and TMA rows the kernels were built and measured for: an odd head dim reaches
+    them padded, never as it is."""
+    from genoflash.ops.attention import backward, forward
+    seen = []
+    for module, name in ((forward, "attention_forward"), (backward, "attention_backward")):
+        original = getattr(module, name)
+
+        def spy(*tensors_and_args, _original=original):
+            seen.extend(t.shape[-1] for t in tensors_and_args if isinstance(t, torch.Tensor) and t.dim() == 4)
+            return _original(*tensors_and_args)
+        monkeypatch.setattr(module, name, spy)
+    q, k, v, dout = random_qkv(1, 9, 9, 1, 59, torch.float32, device)
+    with genoflash.use_backend("triton"):
+        torch.autograd.grad(genoflash.flash_attn_func(q, k, v), (q, k, v), dout)
+    assert seen and all(d % 8 == 0 for d in seen), seen
+
+
 @pytest.mark.parametrize(
     "fwd,bwd",
     [
