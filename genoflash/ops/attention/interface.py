@@ -48,9 +48,39 @@ class FlashAttnFunc(torch.autograd.Function):
 
 def _run(q, k, v, args: AttentionArgs, return_lse: bool, return_attn_probs: bool):
     out, lse = _attend(q, k, v, args)
-    if return_attn_probs:  # flash-attn's testing output (out, lse, S_dmask); the probabilities are not kept
-        return out, lse, None
+    if return_attn_probs:  # flash-attn's testing output (out, lse, S_dmask)
+        return out, lse, _dropout_encoded_probs(q, k, args)
     return (out, lse) if return_lse else out
+
+
+def _dropout_encoded_probs(q, k, args: AttentionArgs) -> torch.Tensor:
+    """flash-attn's S_dmask, for tests: the softmax probabilities (batch, nheads, seqlen_q, seqlen_k),
+    or (batch, nheads, max_seqlen_q, max_seqlen_k) zero-padded for varlen, in q's dtype, negated where
+    dropout dropped them (the sign is the keep mask, as flash-attn encodes it). Standard attention
+    in torch ops: O(N^2) memory, slow, no gradient."""
+    if args.dropout is not None and args.dropout.seed is None:
+        raise ValueError("return_attn_probs with dropout is not available under torch.compile: the dropout "
+                         "seed is drawn inside the graph")
+    with torch.no_grad():
+        q, k = rotate_qk(q, k, args)
+        kw = dict(softmax_scale=args.softmax_scale, window_size=(args.window_left, args.window_right),
+                  softcap=args.softcap, dropout=args.dropout)
+
+        def encoded(q, k, slopes, batch_offset=0):
+            probs, _, keep = reference.attention_probs(q, k, alibi_slopes=slopes, batch_offset=batch_offset, **kw)
+            return (probs if keep is None else torch.where(keep, probs, -probs)).to(q.dtype)
+
+        if not args.varlen:
+            return encoded(q, k, args.alibi_slopes)
+        cu_q, cu_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
+        probs = q.new_zeros(len(cu_q) - 1, q.shape[1], args.max_seqlen_q, args.max_seqlen_k)
+        for b in range(len(cu_q) - 1):
+            slopes = args.alibi_slopes
+            if slopes is not None and slopes.dim() == 2:
+                slopes = slopes[b]
+            part = encoded(q[None, cu_q[b]:cu_q[b + 1]], k[None, cu_k[b]:cu_k[b + 1]], slopes, b)
+            probs[b, :, :part.shape[2], :part.shape[3]] = part[0]
+        return probs
 
 
 def _attend(q, k, v, args: AttentionArgs):
@@ -154,8 +184,9 @@ def flash_attn_func(
             so that two backward passes are bitwise equal. (The triton one-pass form, with dQ
             summed in its dK/dV pass, is taken only where the tile table says so: nowhere on the
             H200, where it was slower.) The torch and reference backends are deterministic either way.
-        return_attn_probs: flash-attn's testing output: returns (out, lse, None); the attention
-            probabilities themselves are never materialised.
+        return_attn_probs: flash-attn's testing output: returns (out, lse, S_dmask), S_dmask the
+            softmax probabilities (batch, nheads, seqlen_q, seqlen_k), negated where dropout dropped
+            them, computed apart from the kernels in torch ops (slow, O(N^2) memory: for tests).
         return_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q), natural log.
         dropout_seed, dropout_offset: the Philox key and counter offset; by default both are drawn
             from torch's default generator, so `torch.manual_seed` reproduces a run.

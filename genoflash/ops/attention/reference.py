@@ -38,6 +38,50 @@ def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool = False, device=No
     return ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
 
 
+def attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout: DropoutArgs | None = None,
+    batch_offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(probs, lse, keep): the softmax probabilities (batch, nheads, seqlen_q, seqlen_k) before dropout,
+    in float32 (float64 for float64 inputs), 0 where masked; lse (batch, nheads, seqlen_q), -inf for
+    rows that see no key; and the kernels' dropout keep mask (dropout.py), or None without dropout."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k = k.shape[1]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    # GQA: give every query head its own copy of its kv head (plain, and O(N) extra memory).
+    k = k.repeat_interleave(nheads // k.shape[2], dim=2)
+    # (batch, nheads, seqlen_q, seqlen_k): the N x N matrix that flash attention avoids.
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc_dtype) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        i = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)
+        j = torch.arange(seqlen_k, device=q.device)[None, :]
+        slopes = alibi_slopes.to(acc_dtype).reshape(-1, nheads, 1, 1)  # (1 or batch, nheads, 1, 1)
+        scores = scores - slopes * (i - j).abs().to(acc_dtype)
+    mask = attention_mask(seqlen_q, seqlen_k, causal, q.device, window_size)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
+    # exp(s - lse) is the softmax; rows with lse = -inf would give NaN, so zero them.
+    probs = torch.exp(scores - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
+    keep = None
+    if dropout is not None:  # the kernels' Philox mask (dropout.py); lse stays that of the full softmax
+        bh = (torch.arange(batch, device=q.device)[:, None] + batch_offset) * nheads + torch.arange(nheads,
+                                                                                                  device=q.device)
+        keep = keep_mask(dropout, bh[:, :, None, None], torch.arange(seqlen_q, device=q.device)[:, None],
+                         torch.arange(seqlen_k, device=q.device)[None, :])
+    return probs, lse, keep
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -57,36 +101,12 @@ def attention_reference(
     runs in float32 (float64 for float64 inputs) and its probabilities are cast back to the
     input dtype before the second matmul.
     """
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k = k.shape[1]
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
-    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    # GQA: give every query head its own copy of its kv head (plain, and O(N) extra memory).
-    group = nheads // k.shape[2]
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    # (batch, nheads, seqlen_q, seqlen_k): the N x N matrix that flash attention avoids.
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc_dtype) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    if alibi_slopes is not None:
-        i = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)
-        j = torch.arange(seqlen_k, device=q.device)[None, :]
-        slopes = alibi_slopes.to(acc_dtype).reshape(-1, nheads, 1, 1)  # (1 or batch, nheads, 1, 1)
-        scores = scores - slopes * (i - j).abs().to(acc_dtype)
-    mask = attention_mask(seqlen_q, seqlen_k, causal, q.device, window_size)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
-    # exp(s - lse) is the softmax; rows with lse = -inf would give NaN, so zero them.
-    probs = torch.exp(scores - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
-    if dropout is not None:  # the kernels' Philox mask (dropout.py); lse stays that of the full softmax
-        bh = (torch.arange(batch, device=q.device)[:, None] + batch_offset) * nheads + torch.arange(nheads,
-                                                                                                  device=q.device)
-        keep = keep_mask(dropout, bh[:, :, None, None], torch.arange(seqlen_q, device=q.device)[:, None],
-                         torch.arange(seqlen_k, device=q.device)[None, :])
+    probs, lse, keep = attention_probs(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout,
+                                       batch_offset)
+    if keep is not None:
         probs = torch.where(keep, probs * dropout.rescale, 0.0)
-    probs = probs.to(v.dtype)
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
     return out, lse  # float32 (float64 for float64 inputs)
 
 

@@ -216,3 +216,49 @@ def test_bad_dropout_seed():
         genoflash.flash_attn_func(q, q, q, 0.1, dropout_seed=-1)
     with pytest.raises(ValueError, match="dropout_offset"):
         genoflash.flash_attn_func(q, q, q, 0.1, dropout_seed=1, dropout_offset=2**31)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_return_attn_probs_is_flash_attns_dropout_encoded_softmax(varlen, dropout_p, device):
+    """(out, lse, S_dmask): |S_dmask| is the softmax, its sign the kernels' keep mask; kept
+    probabilities, rescaled, times v give the output."""
+    torch.manual_seed(21)
+    lengths_q, lengths_k = [5, 17], [9, 17]
+    seed, offset = 1234, 32
+    kw = dict(causal=True, dropout_seed=seed, dropout_offset=offset, return_attn_probs=True)
+    if varlen:
+        q = torch.randn(sum(lengths_q), 2, 16, device=device)
+        k, v = (torch.randn(sum(lengths_k), 1, 16, device=device) for _ in range(2))
+        cu_q, cu_k = (torch.tensor([0, n[0], sum(n)], dtype=torch.int32, device=device) for n in (lengths_q, lengths_k))
+        out, lse, probs = genoflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 17, dropout_p, **kw)
+        pieces = [(q[None, cu_q[b]:cu_q[b + 1]], k[None, cu_k[b]:cu_k[b + 1]], v[None, cu_k[b]:cu_k[b + 1]],
+                   out[cu_q[b]:cu_q[b + 1]][None]) for b in range(2)]
+        assert probs.shape == (2, 2, 17, 17)
+    else:
+        q = torch.randn(2, 17, 2, 16, device=device)
+        k, v = (torch.randn(2, 17, 1, 16, device=device) for _ in range(2))
+        out, lse, probs = genoflash.flash_attn_func(q, k, v, dropout_p, **kw)
+        pieces = [(q[b:b + 1], k[b:b + 1], v[b:b + 1], out[b:b + 1]) for b in range(2)]
+        lengths_q = lengths_k = [17, 17]
+    for b, (qb, kb, vb, ob) in enumerate(pieces):
+        nq, nk = lengths_q[b], lengths_k[b]
+        s = probs[b, :, :nq, :nk]
+        want, _ = attention_reference(qb.double(), kb.double(), vb.double(), None, True)
+        softmax = torch.softmax((torch.einsum("bqhd,bkhd->bhqk", qb.double(), kb.double().expand(-1, -1, 2, -1))
+                                 / 4.0).masked_fill(~torch.ones(nq, nk, dtype=torch.bool, device=device)
+                                                    .tril(nk - nq), float("-inf")), -1)[0]
+        torch.testing.assert_close(s.abs().double(), softmax, rtol=1e-5, atol=1e-6)
+        if dropout_p:
+            keep = genoflash.dropout_mask(b + 1, 2, nq, nk, dropout_p, seed, offset, device=device)[b]
+            assert torch.equal(s >= 0, keep | (softmax == 0))  # -0.0 >= 0: masked entries read as kept
+            assert (s < 0).any()
+        else:
+            assert (s >= 0).all()
+            torch.testing.assert_close(ob.double(), want, rtol=1e-4, atol=1e-5)
+        kept = s.clamp(min=0).double() / (1 - dropout_p)  # 0.25 is a whole 64/256: no rounding of p
+        torch.testing.assert_close(ob.double(), torch.einsum("hqk,kd->qhd", kept, vb[0, :, 0].double())[None],
+                                   rtol=1e-4, atol=1e-5)
+    if not varlen:
+        torch.testing.assert_close(probs.double().abs().sum(-1), torch.ones(2, 2, 17, dtype=torch.float64,
+                                                                             device=device), rtol=0, atol=1e-6)
