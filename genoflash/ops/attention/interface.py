@@ -217,6 +217,7 @@ def flash_attn_varlen_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    block_table: torch.Tensor | None = None,
     *,
     return_lse: bool = False,
     rotary_cos: torch.Tensor | None = None,
@@ -233,7 +234,21 @@ def flash_attn_varlen_func(
     and the softmax are per sequence: no sequence attends across its neighbour, and padding
     costs no compute. RoPE positions restart at 0 in every sequence. Other arguments as in
     `flash_attn_func`; lse is (nheads, total_q).
+
+    block_table: int32 (batch, max_num_blocks_per_seq): k and v are then paged caches (num_blocks,
+    page_block_size, nheads_k, headdim), sequence b's key t in page block_table[b, t // page_block_size]
+    at row t % page_block_size, and cu_seqlens_k counts each sequence's keys. They are gathered into
+    the packed layout (a copy of the keys used) and attended to; gradients flow back into the pages.
     """
+    if block_table is not None:
+        from .kvcache import paged_keys
+        if torch.compiler.is_compiling():
+            raise ValueError("block_table is not available under torch.compile: the pages are read by value")
+        if not isinstance(cu_seqlens_k, torch.Tensor) or cu_seqlens_k.dim() != 1 or cu_seqlens_k.numel() < 2:
+            raise TypeError("cu_seqlens_k must be a 1-D int32 tensor of batch + 1 prefix sums")
+        lengths = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, int(cu_seqlens_k[-1]),
+                                   as_int("max_seqlen_k", max_seqlen_k), q.device)
+        k, v = paged_keys(k, v, block_table, lengths)
     check_qkv(q, k, v, varlen=True)
     max_seqlen_q, max_seqlen_k = as_int("max_seqlen_q", max_seqlen_q), as_int("max_seqlen_k", max_seqlen_k)
     lengths_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)

@@ -80,11 +80,7 @@ def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
 
     paged = block_table is not None
     if paged:
-        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
-                or block_table.shape[0] != batch:
-            raise TypeError(f"block_table must be an int32 (batch, max_num_blocks_per_seq) tensor with batch = {batch}")
-        if block_table.device != q.device:
-            raise ValueError(f"block_table must be on {q.device}, got {block_table.device}")
+        check_block_table(block_table, batch, q.device)
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx goes with a contiguous cache: a paged cache's block_table already "
                              "names each sequence's pages")
@@ -123,14 +119,48 @@ def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
                              f"{capacity} slots")
         if not 0 <= p <= n:
             raise ValueError(f"cache_leftpad[{b}] = {p} must be in [0, cache_seqlens[{b}] = {n}]")
-    if paged:  # the pages a sequence uses must exist
-        used = -(-max(n + seqlen_new for n in seqlens) // page_size)
-        if used:
-            pages = block_table[:, :used]
-            lo, hi = int(pages.min()), int(pages.max())
-            if lo < 0 or hi >= num_blocks:
-                raise ValueError(f"block_table must name pages in [0, {num_blocks}), got {lo}..{hi}")
+    if paged:
+        check_pages(block_table, [n + seqlen_new for n in seqlens], page_size, num_blocks)
     return CacheLayout(seqlens, leftpad, rows, block_table if paged else None, page_size, capacity, seqlen_new)
+
+
+def check_block_table(block_table, batch: int, device) -> None:
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
+            or block_table.shape[0] != batch:
+        raise TypeError(f"block_table must be an int32 (batch, max_num_blocks_per_seq) tensor with batch = {batch}")
+    if block_table.device != device:
+        raise ValueError(f"block_table must be on {device}, got {block_table.device}")
+
+
+def check_pages(block_table: torch.Tensor, ends: list[int], page_size: int, num_blocks: int) -> None:
+    """The pages holding slots [0, ends[b]) of every sequence exist."""
+    used = -(-max(ends, default=0) // page_size)
+    if used:
+        pages = block_table[:, :used]
+        lo, hi = int(pages.min()), int(pages.max())
+        if lo < 0 or hi >= num_blocks:
+            raise ValueError(f"block_table must name pages in [0, {num_blocks}), got {lo}..{hi}")
+
+
+def paged_keys(k: torch.Tensor, v: torch.Tensor, block_table, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_attn_varlen_func's paged K/V: sequence b's first lengths[b] tokens from its pages,
+    packed (total_k, nheads_k, headdim). Differentiable (a gather)."""
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"with block_table, {name} must be a paged cache (num_blocks, page_block_size, "
+                             f"nheads_k, headdim), got {tuple(t.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree but for the last dim")
+    batch = len(lengths)
+    check_block_table(block_table, batch, k.device)
+    num_blocks, page_size = k.shape[:2]
+    capacity = block_table.shape[1] * page_size
+    if max(lengths) > capacity:
+        raise ValueError(f"cu_seqlens_k asks for {max(lengths)} keys but block_table holds {capacity} per sequence")
+    check_pages(block_table, lengths, page_size, num_blocks)
+    layout = CacheLayout([0] * batch, [0] * batch, None, block_table, page_size, capacity, 0)
+    first, second = layout.slot_index(batch, [0] * batch, lengths, k.device)
+    return k[first, second], v[first, second]
 
 
 def _int_values(name: str, t, batch: int, device) -> list[int]:

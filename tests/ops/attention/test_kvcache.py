@@ -206,3 +206,39 @@ def test_a_sequence_without_keys_gets_zeros_and_minus_inf(backend, seqlens, devi
         else:
             want = genoflash.flash_attn_func(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
             torch.testing.assert_close(out[b:b + 1], want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_varlen_with_a_block_table_equals_the_packed_keys(backend, device):
+    """flash_attn_varlen_func(..., block_table=): keys read from shuffled pages (one sequence filling
+    past a page's last row) give the packed call's output, and the gradients land in the pages."""
+    torch.manual_seed(14)
+    lengths, page = [21, 7], 8
+    cu_q = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 21, 28], dtype=torch.int32, device=device)
+    q = torch.randn(5, 4, 16, device=device, requires_grad=True)
+    k_packed, v_packed = (torch.randn(28, 2, 16, device=device) for _ in range(2))
+    table = torch.tensor([[4, 0, 2], [3, 5, 1]], dtype=torch.int32, device=device)
+    k_pages, v_pages = (torch.randn(6, page, 2, 16, device=device) for _ in range(2))
+    for b, (start, n) in enumerate(zip([0, 21], lengths)):
+        for t in range(n):
+            k_pages[table[b, t // page], t % page] = k_packed[start + t]
+            v_pages[table[b, t // page], t % page] = v_packed[start + t]
+    k_pages.requires_grad_()
+    v_pages.requires_grad_()
+    k_packed.requires_grad_()
+    v_packed.requires_grad_()
+    dout = torch.randn(5, 4, 16, device=device)
+    with genoflash.use_backend(backend):
+        got = genoflash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 3, 21, causal=True, block_table=table)
+        want = genoflash.flash_attn_varlen_func(q, k_packed, v_packed, cu_q, cu_k, 3, 21, causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    dk_pages, = torch.autograd.grad(got, k_pages, dout)
+    dk_packed, = torch.autograd.grad(want, k_packed, dout)
+    for b, (start, n) in enumerate(zip([0, 21], lengths)):
+        for t in range(n):
+            torch.testing.assert_close(dk_pages[table[b, t // page], t % page], dk_packed[start + t], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="block_table holds 24 per sequence"):
+        genoflash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, torch.tensor([0, 25, 28], dtype=torch.int32,
+                                                                                 device=device), 3, 25,
+                                         block_table=table)
