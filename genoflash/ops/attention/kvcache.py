@@ -5,7 +5,8 @@ A sequence b of the batch owns the cache rows of `cache_batch_idx[b]` (a contigu
 pages `block_table[b]` (a paged cache, token t in page block_table[b, t // page_size] at row
 t % page_size). Its keys are the slots [cache_leftpad[b], cache_seqlens[b] + seqlen_new): the slots
 before cache_leftpad are left padding, and the new tokens go at cache_seqlens[b] onwards. Positions
-(RoPE, as in flash-attn) are slot indices; the masks count keys from cache_leftpad.
+(RoPE, as in flash-attn) are slot indices; the masks count keys from cache_leftpad
+(docs/design/flash-attn-api.md).
 """
 
 from __future__ import annotations

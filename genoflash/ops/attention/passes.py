@@ -38,7 +38,8 @@ def rotate_qk(q, k, a: AttentionArgs, inverse: bool = False):
 
 # The kernels' channel tiles (and TMA's 16-byte rows) take head dims in multiples of 8; any other
 # head dim runs zero-padded to the next one, as flash-attn pads. Zero channels add nothing to a score
-# (softmax_scale was fixed from the real head dim) and produce zero output channels, which are cut.
+# (softmax_scale was fixed from the real head dim) and produce zero output channels, which are cut
+# (docs/design/flash-attn-api.md).
 CHANNEL_MULTIPLE = 8
 
 
