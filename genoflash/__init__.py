@@ -13,5 +13,5 @@ __version__ = "0.1.0"
 
 __all__ = ["BACKENDS", "Settings", "apply_rotary_emb", "dropout_mask", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
-           "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache", "pad_input", "rotary_tables", "settings", "unpad_input",
-           "use_backend", "__version__"]
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache", "pad_input", "rotary_tables", "settings",
+           "unpad_input", "use_backend", "__version__"]

@@ -59,7 +59,8 @@ class RotaryEmbedding(nn.Module):
             cos, sin = cos.float(), sin.float()
             cached = (cos, sin, cos, sin)
         else:
-            zeta = (torch.arange(0, self.dim, 2, dtype=torch.float64, device=device) + 0.4 * self.dim) / (1.4 * self.dim)
+            pairs = torch.arange(0, self.dim, 2, dtype=torch.float64, device=device)
+            zeta = (pairs + 0.4 * self.dim) / (1.4 * self.dim)
             power = (torch.arange(length, dtype=torch.float64, device=device) - length // 2) / self.scale_base
             scale = zeta[None, :] ** power[:, None]
             cached = tuple(t.float() for t in (cos * scale, sin * scale, cos / scale, sin / scale))

@@ -40,7 +40,8 @@ class CacheLayout:
         counts = torch.tensor([e - s for s, e in zip(start, end)], device=device)
         seq = torch.repeat_interleave(torch.arange(batch, device=device), counts)
         first = torch.tensor(start, device=device).repeat_interleave(counts)
-        slot = first + torch.arange(seq.numel(), device=device) - (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)
+        starts_in_batch = (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)  # each sequence's first row
+        slot = first + torch.arange(seq.numel(), device=device) - starts_in_batch
         if self.pages is not None:
             return self.pages[seq, slot // self.page_size].long(), slot % self.page_size
         return torch.tensor(self.rows, device=device)[seq], slot
@@ -99,7 +100,8 @@ def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
         else:
             rows = _int_values("cache_batch_idx", cache_batch_idx, batch, q.device)
             if min(rows) < 0 or max(rows) >= cache_batch:
-                raise ValueError(f"cache_batch_idx must index the cache's {cache_batch} rows, got {min(rows)}..{max(rows)}")
+                raise ValueError(f"cache_batch_idx must index the cache's {cache_batch} rows, got "
+                                 f"{min(rows)}..{max(rows)}")
             if len(set(rows)) != len(rows) and seqlen_new:
                 raise ValueError("cache_batch_idx repeats a row: two sequences would append to the same cache row")
 

@@ -186,7 +186,8 @@ def test_inplace_writes_x_and_keeps_the_gradient(backend, layout, device):
     source = torch.randn(*shape, device=device, requires_grad=True)
 
     def view(t):  # the tensor rotated: all of t, q's slice of a packed qkv, or every other channel
-        return {"view-of-packed-qkv": lambda: t[:, :, 0], "strided-channels": lambda: t[..., 0]}.get(layout, lambda: t)()
+        views = {"view-of-packed-qkv": lambda: t[:, :, 0], "strided-channels": lambda: t[..., 0]}
+        return views.get(layout, lambda: t)()
 
     dout = torch.randn_like(view(source))
     with genoflash.use_backend(backend):
