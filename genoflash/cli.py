@@ -3,6 +3,7 @@
     genoflash demo               full vs local attention (or Hyena, Mamba) on a long-range DNA task: who sees far?
     genoflash example            attention over a DNA-length sequence: genoflash vs standard attention
     genoflash train              train a DNA model (synthetic long-range task or LM on a FASTA), flags or --config YAML
+    genoflash score              per-base log-likelihoods or variant log-likelihood ratios from a trained DNA LM
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
@@ -59,7 +60,12 @@ def _train(argv):
     return main(argv)
 
 
-COMMANDS = {"demo": _demo, "example": _example, "bench": _bench, "scale": _scale, "train": _train}
+def _score(argv):
+    from .inference.cli import main
+    return main(argv)
+
+
+COMMANDS = {"demo": _demo, "example": _example, "bench": _bench, "scale": _scale, "train": _train, "score": _score}
 
 
 def main(argv=None) -> int:

@@ -99,6 +99,7 @@ MAY_IMPORT = {
     "distributed": {"ops", "layers", "models", "data"},
     "integrations": {"ops"},
     "train": {"ops", "layers", "models", "data", "distributed"},
+    "inference": {"models", "data", "train"},
     "bench": {"ops", "layers", "models", "data", "distributed", "train", "api"},  # api: genoflash's public names
 }
 
