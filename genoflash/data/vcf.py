@@ -59,6 +59,10 @@ def read_variants(path: str | os.PathLike) -> tuple[list[Variant], list[Skipped]
                 continue
             where = f"{path.name}:{number}"
             fields = line.rstrip("\n").split("\t")
+            if len(fields) < (4 if bed else 5):
+                skipped.append(Skipped(where, f"not a {'BED' if bed else 'VCF'} record: {len(fields)} tab-separated "
+                                              f"fields, need {4 if bed else 5}"))
+                continue
             try:
                 if bed:
                     chrom, start, end, name = fields[0], int(fields[1]), int(fields[2]), fields[3]
@@ -74,9 +78,10 @@ def read_variants(path: str | os.PathLike) -> tuple[list[Variant], list[Skipped]
                     if pos < 0:
                         raise ValueError(f"POS must be >= 1, got {pos_text}")
                     alts = alt_field.split(",")
-            except (IndexError, ValueError) as error:
-                reason = str(error) if isinstance(error, ValueError) and "invalid literal" not in str(error) else \
-                    f"not a {'BED' if bed else 'VCF'} record ({len(fields)} fields)"
+            except ValueError as error:
+                reason = str(error)
+                if "invalid literal" in reason:  # int() of a position column
+                    reason = f"a position is not an integer: {reason.split(': ', 1)[-1]}"
                 skipped.append(Skipped(where, reason))
                 continue
             ref = _allele(ref_text)

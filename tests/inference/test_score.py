@@ -86,10 +86,13 @@ def test_variant_llr_is_the_alt_minus_ref_likelihood_from_the_site_on(genome, mo
                    f"chrA\t30\tindel\t{a[29]}\t{a[29]}A\n"
                    "chrZ\t5\tnowhere\tA\tC\n"
                    "chrA\tten\tbroken\tA\tC\n"
-                   "chrA\t40\tsymbolic\tA\t<DEL>\n")
+                   "chrA\t40\tsymbolic\tA\t<DEL>\n"
+                   "a line that is not a record\n")
     variants, skipped = read_variants(vcf)
-    assert [s.where for s in skipped] == ["calls.vcf:9", "calls.vcf:10"]
+    assert [s.where for s in skipped] == ["calls.vcf:9", "calls.vcf:10", "calls.vcf:11"]
+    assert skipped[0].reason == "a position is not an integer: 'ten'"
     assert "ALT '<DEL>'" in skipped[1].reason
+    assert skipped[2].reason == "not a VCF record: 1 tab-separated fields, need 5"
     context = 64
     results = list(score_variants(model, FastaFile(path), variants, context, 2, torch.device("cpu")))
     assert [r.variant.id for r in results] == ["rs1", "rs1", "first", "mnv", "bad_ref", "indel", "nowhere"]
