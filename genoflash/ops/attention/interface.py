@@ -456,15 +456,13 @@ def flash_attn_with_kvcache(
             if k is not None:
                 k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=positions)
         if k is not None:
-            kvcache.append(k_cache, k, layout)
-            kvcache.append(v_cache, v, layout)
+            kvcache.append(k_cache, v_cache, k, v, layout)
         kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, return_lse=True)
         if kvcache.whole_rows(layout, batch):  # the cache as it lies: no copy
             out, lse = flash_attn_func(q, k_cache[:batch], v_cache[:batch], **kw)
         else:
-            keys, counts = kvcache.gather(k_cache, layout, batch)
-            values, _ = kvcache.gather(v_cache, layout, batch)
+            keys, values, counts = kvcache.gather(k_cache, v_cache, layout)
             if not keys.shape[0]:  # no sequence has a key: every query sees none (output 0, lse -inf)
                 out = q.new_zeros(*q.shape[:3], v_cache.shape[-1])
                 lse = torch.full((batch, q.shape[2], seqlen_q), -torch.inf, device=q.device)

@@ -34,17 +34,22 @@ class CacheLayout:
     def ends(self) -> list[int]:
         return [n + self.seqlen_new for n in self.seqlens]
 
-    def slot_index(self, batch: int, start: list[int], end: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(first-dim, second-dim) index tensors of the cache for slots [start[b], end[b]) of every
-        sequence b, concatenated in batch order."""
-        counts = torch.tensor([e - s for s, e in zip(start, end)], device=device)
-        seq = torch.repeat_interleave(torch.arange(batch, device=device), counts)
-        first = torch.tensor(start, device=device).repeat_interleave(counts)
-        starts_in_batch = (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)  # each sequence's first row
-        slot = first + torch.arange(seq.numel(), device=device) - starts_in_batch
-        if self.pages is not None:
-            return self.pages[seq, slot // self.page_size].long(), slot % self.page_size
-        return torch.tensor(self.rows, device=device)[seq], slot
+    def slot_index(self, start: list[int], end: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+        return slot_index(start, end, self.rows, self.pages, self.page_size, device)
+
+
+def slot_index(start: list[int], end: list[int], rows: list[int] | None, pages: torch.Tensor | None, page_size: int,
+               device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first-dim, second-dim) index tensors of a cache for slots [start[b], end[b]) of every
+    sequence b, concatenated in batch order: its cache row `rows[b]`, or its pages `pages[b]`."""
+    counts = torch.tensor([e - s for s, e in zip(start, end)], device=device)
+    seq = torch.repeat_interleave(torch.arange(len(start), device=device), counts)
+    first = torch.tensor(start, device=device).repeat_interleave(counts)
+    starts_in_batch = (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)  # each sequence's first row
+    slot = first + torch.arange(seq.numel(), device=device) - starts_in_batch
+    if pages is not None:
+        return pages[seq, slot // page_size].long(), slot % page_size
+    return torch.tensor(rows, device=device)[seq], slot
 
 
 def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table) -> CacheLayout:
@@ -161,8 +166,7 @@ def paged_keys(k: torch.Tensor, v: torch.Tensor, block_table, lengths: list[int]
     if max(lengths) > capacity:
         raise ValueError(f"cu_seqlens_k asks for {max(lengths)} keys but block_table holds {capacity} per sequence")
     check_pages(block_table, lengths, page_size, num_blocks)
-    layout = CacheLayout([0] * batch, [0] * batch, None, block_table, page_size, capacity, 0)
-    first, second = layout.slot_index(batch, [0] * batch, lengths, k.device)
+    first, second = slot_index([0] * batch, lengths, None, block_table, page_size, k.device)
     return k[first, second], v[first, second]
 
 
@@ -176,18 +180,18 @@ def _int_values(name: str, t, batch: int, device) -> list[int]:
     return t.tolist()  # one small copy: every index is checked before the cache is touched
 
 
-def append(cache: torch.Tensor, new: torch.Tensor, layout: CacheLayout) -> None:
-    """Write new (batch, seqlen_new, ...) into the cache at slots [cache_seqlens[b], + seqlen_new)."""
-    batch = new.shape[0]
-    first, second = layout.slot_index(batch, layout.seqlens, layout.ends(), new.device)
-    cache[first, second] = new.reshape(-1, *new.shape[2:])
+def append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: CacheLayout) -> None:
+    """Write k and v (batch, seqlen_new, ...) into the caches at slots [cache_seqlens[b], + seqlen_new)."""
+    first, second = layout.slot_index(layout.seqlens, layout.ends(), k.device)
+    k_cache[first, second] = k.reshape(-1, *k.shape[2:])
+    v_cache[first, second] = v.reshape(-1, *v.shape[2:])
 
 
-def gather(cache: torch.Tensor, layout: CacheLayout, batch: int) -> tuple[torch.Tensor, list[int]]:
-    """Every sequence's keys (slots [cache_leftpad[b], end)), packed (total, nheads_k, d), and their counts."""
+def gather(k_cache: torch.Tensor, v_cache: torch.Tensor, layout: CacheLayout):
+    """(keys, values, counts): every sequence's slots [cache_leftpad[b], end), packed (total, nheads_k, d)."""
     ends = layout.ends()
-    first, second = layout.slot_index(batch, layout.leftpad, ends, cache.device)
-    return cache[first, second], [e - p for p, e in zip(layout.leftpad, ends)]
+    first, second = layout.slot_index(layout.leftpad, ends, k_cache.device)
+    return k_cache[first, second], v_cache[first, second], [e - p for p, e in zip(layout.leftpad, ends)]
 
 
 def whole_rows(layout: CacheLayout, batch: int) -> bool:

@@ -93,10 +93,13 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
         check_positions(lengths, offset_values, cos.shape[0])
     if x.numel() == 0:
         return x if inplace else x.clone()
-    if inplace and not _in_place_kernel(x):
-        return x.copy_(apply_rotary_emb(x, cos, sin, interleaved, False, seqlen_offsets, cu_seqlens,
-                                        max_seqlen if varlen else None))
+    out = _rotate(x, cos, sin, interleaved, offsets, offset_values, cu_seqlens, max_seqlen, inplace)
+    # Only the triton kernel writes where x lies (eager, channels contiguous); the other paths
+    # rotate into a new tensor, copied back.
+    return x.copy_(out) if inplace and out is not x else out
 
+
+def _rotate(x, cos, sin, interleaved, offsets, offset_values, cu_seqlens, max_seqlen, inplace):
     backend = select_backend(x.device)
     if torch.compiler.is_compiling():  # one graph node (docs/design/custom-ops.md)
         if backend == "triton":
@@ -106,16 +109,11 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
                                        offsets if per_sequence else None, 0 if per_sequence else offsets,
                                        cu_seqlens, max_seqlen, False, backend)
     if backend != "triton":
-        return rotary_reference(x, cos, sin, interleaved, offset_values, cu_seqlens.tolist() if varlen else None)
+        return rotary_reference(x, cos, sin, interleaved, offset_values,
+                                None if cu_seqlens is None else cu_seqlens.tolist())
     check_triton_device(x)
     if x.stride(-1) != 1:
-        x = x.contiguous()
+        return RotaryFunction.apply(x.contiguous(), cos.contiguous(), sin.contiguous(), interleaved, offsets,
+                                    cu_seqlens, max_seqlen, False)
     return RotaryFunction.apply(x, cos.contiguous(), sin.contiguous(), interleaved, offsets, cu_seqlens, max_seqlen,
                                 inplace)
-
-
-def _in_place_kernel(x: torch.Tensor) -> bool:
-    """Whether the triton kernel can rotate x where it lies: eager (a traced call runs the custom op,
-    which returns a new tensor), on the triton backend, with x's channels contiguous."""
-    return (not torch.compiler.is_compiling() and select_backend(x.device) == "triton"
-            and x.stride(-1) == 1 and x.dtype != torch.float64)
