@@ -5,6 +5,8 @@
     genoflash train              train a DNA model (synthetic long-range task or LM on a FASTA), flags or --config YAML
     genoflash score              per-base log-likelihoods or variant log-likelihood ratios from a trained DNA LM
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
+    genoflash bench decode       one decoding step against a long KV cache, beside SDPA and the HBM floor (GPU)
+    genoflash bench generate     transformers generate(): per-token time with genoflash against sdpa (GPU)
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
     genoflash bench mixers       attention vs Hyena vs Mamba, one layer's time and memory against N (GPU)
@@ -28,12 +30,17 @@ def _example(argv):
 
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
-    parser.add_argument("what", choices=["attention", "features", "memory", "mixers", "quality", "ring"])
+    parser.add_argument("what", choices=["attention", "decode", "features", "generate", "memory", "mixers", "quality",
+                                             "ring"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
+    elif args.what == "decode":
+        from .bench.decode import main
     elif args.what == "features":
         from .bench.features import main
+    elif args.what == "generate":
+        from .bench.generate import main
     elif args.what == "mixers":
         from .bench.mixers import main
     elif args.what == "quality":

@@ -4,6 +4,7 @@
 |---|---|---|
 | `backend` | `None` | which implementation runs the ops: `"triton"` (the fused kernels), `"torch"` (the same tiled algorithm in PyTorch ops) or `"reference"` (standard attention, N x N); `None` picks by device: CUDA tensors run `triton` where triton is installed, others `torch` |
 | `tma` | `True` | Hopper's TMA copy engine for tile loads where it applies (fixed-length batches, aligned tensors). `False` takes the pointer loads that GPUs before Hopper take, with the same results: to compare the two paths or to step around a driver problem |
+| `check_indices` | `True` | read the index tensors of `flash_attn_with_kvcache` (`cache_seqlens`, `cache_batch_idx`, `cache_leftpad`, `block_table`) and of `apply_rotary_emb` (`seqlen_offsets`) to the host and check every value before the cache or the tables are touched: one synchronisation per call, about 20-40 us of a decoding step (docs/design/decoding.md). `False` trusts them, so that a decoding step never waits on the host; a bad index is then undefined behaviour, as in flash-attn |
 | `fast_launch` | `True` | after the first launch of a kind, call the compiled kernels directly and replay repeated attention calls from a recording of their launches (docs/design/launch-path.md). `False` sends every launch through triton's own launcher: for debuggers and tools that wrap triton's launches |
 
 Settings hold inside the block for the calling thread or task (a context variable), and nest.
@@ -34,12 +35,13 @@ class Settings:
     backend: str | None = None
     tma: bool = True
     fast_launch: bool = True
+    check_indices: bool = True
 
     def __post_init__(self):
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"settings(backend=...): unknown backend {self.backend!r}; choose one of "
                              f"{', '.join(BACKENDS)} (or None: by device)")
-        for name in ("tma", "fast_launch"):
+        for name in ("tma", "fast_launch", "check_indices"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"settings({name}=...) must be a bool, got {type(getattr(self, name)).__name__}")
 

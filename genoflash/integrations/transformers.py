@@ -23,7 +23,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
+from ..backends import select_backend
 from ..ops.attention import flash_attn_func, flash_attn_varlen_func
+from ..ops.attention.validation import check_scale, check_softcap, last_dim_contiguous
 from ..padding import pad_input, unpad_input
 
 NAME = "genoflash"
@@ -55,16 +57,18 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
         out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k,
                                      **kw)
         return out[None], None
-    if attention_mask is None:
-        return flash_attn_func(q, k, v, **kw), None
-    if attention_mask.dim() != 2 or attention_mask.dtype != torch.bool:
+    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.dtype != torch.bool):
         raise ValueError(f"genoflash expects transformers' 2-D boolean padding mask (batch, kv_len), got "
                          f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
-    batch, q_len = q.shape[:2]
-    if k.shape[1] > attention_mask.shape[1]:
+    if attention_mask is not None and k.shape[1] > attention_mask.shape[1]:
         # A static cache: K/V hold every slot it allocated, the mask covers the filled ones, which
         # come first (transformers' FlashAttention path slices the same way).
         k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]
+    if q.shape[1] == 1 and not dropout and select_backend(q.device) == "triton":
+        return _decode_step(q, k, v, attention_mask, scaling, window, softcap or 0.0), None
+    if attention_mask is None:
+        return flash_attn_func(q, k, v, **kw), None
+    batch, q_len = q.shape[:2]
     kv_mask = attention_mask[:, -k.shape[1]:]
     q_mask = kv_mask[:, -q_len:]  # queries are the last q_len positions (decoding with a cache)
     q_packed, q_index, cu_q, max_q, _ = unpad_input(q, q_mask)
@@ -73,6 +77,23 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     out = flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, **kw)
     # Fully padded query rows come back as zeros.
     return pad_input(out, q_index, batch, q_len), None
+
+
+def _decode_step(q, k, v, attention_mask, scaling, window, softcap):
+    """One new token per sequence against the cache, read where transformers keeps it (a strided
+    view of its (batch, heads, kv_len, dim) tensors): the split-KV decoding kernel, with the padding
+    mask read by the kernel, key by key, so the step neither copies the cache nor waits on the host.
+    Padded slots are skipped and windows count positions, as eager attention does."""
+    from ..ops.attention.decode import decode_attention  # the triton backend only
+
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    mask = None if attention_mask is None else attention_mask[:, -k.shape[1]:]
+    out, _ = decode_attention(q, k, v, None, k.shape[1], softmax_scale=check_scale(scaling, q.shape[-1]),
+                              window_left=window[0], window_right=0 if window[0] >= 0 else -1,
+                              softcap=check_softcap(softcap), key_mask=mask)
+    return out
 
 
 def _common_dtype(module: torch.nn.Module, q, k, v):

@@ -97,6 +97,7 @@ def test_gpu_benchmarks_say_they_need_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     assert main(["bench", "memory"]) == 2 and main(["bench", "features"]) == 2
+    assert main(["bench", "decode"]) == 2 and main(["bench", "generate"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
@@ -335,3 +336,14 @@ def test_time_and_peak_warms_up_then_measures_on_the_cpu():
     calls.clear()
     assert time_and_peak(lambda: calls.append(1), torch.device("cpu"), time_once_above_ms=-1)["timed_calls"] == 1
     assert len(calls) == 2
+
+
+def test_bench_decode_plot_reads_its_report(tmp_path):
+    """The decode plot draws every provider's share of the floor from a report as run_case writes it."""
+    from genoflash.bench.decode import plot
+
+    meta = {"device": "cpu", "date": "2026-12-05T00:00:00+00:00", "git_commit": "abc"}
+    cases = [{"case": "gqa-128k", "providers": {"genoflash": {"ms": 0.15, "pct_of_floor": 84.0},
+                                                 "sdpa-cudnn": {"error": "RuntimeError: no kernel"}}}]
+    plot({"metadata": meta, "cases": cases}, tmp_path / "d.png")
+    assert (tmp_path / "d.png").stat().st_size > 0

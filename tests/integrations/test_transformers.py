@@ -47,29 +47,74 @@ def test_llama_logits_and_gradients_match_eager(backend, padding, device):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
 
 
-def test_generation_with_a_cache_matches_eager():
-    eager, ours = tiny_llama("eager"), tiny_llama("genoflash")
-    ids = torch.randint(0, 64, (2, 12))
+@pytest.mark.parametrize("backend", ["torch", "triton"])  # triton: each step on the split-KV decoding kernel
+@pytest.mark.parametrize("padding", [None, "left", "holes"])
+def test_generation_with_a_cache_matches_eager(backend, padding, device):
+    eager, ours = tiny_llama("eager", device), tiny_llama("genoflash", device)
+    ids = torch.randint(0, 64, (3, 12), device=device)
     mask = torch.ones_like(ids)
-    mask[1, :3] = 0  # left padding, as generation uses
-    with genoflash.use_backend("torch"):
+    if padding == "left":  # as generation pads
+        mask[1, :3] = 0
+    elif padding == "holes":  # padding inside the cache: the kernel skips single slots
+        mask[0, 4:6] = 0
+        mask[2, :1] = 0
+    with genoflash.use_backend(backend):
         got = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
     assert torch.equal(got, eager.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False))
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("padding", [None, "left"])
-def test_static_cache_generation_matches_eager(padding):
+def test_static_cache_generation_matches_eager(backend, padding, device):
     """generate(cache_implementation="static"): K/V hold every allocated slot, the mask only the
     filled ones; the tokens equal eager's."""
-    eager, ours = tiny_llama("eager"), tiny_llama("genoflash")
-    ids = torch.randint(0, 64, (2, 10))
+    eager, ours = tiny_llama("eager", device), tiny_llama("genoflash", device)
+    ids = torch.randint(0, 64, (2, 10), device=device)
     mask = torch.ones_like(ids)
     if padding == "left":
         mask[0, :4] = 0
     kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static")
-    with genoflash.use_backend("torch"):
+    with genoflash.use_backend(backend):
         got = ours.generate(ids, **kw)
     assert torch.equal(got, eager.generate(ids, **kw))
+
+
+def test_decoding_steps_match_eager_logits(device, monkeypatch):
+    """Each decoding step's logits, not only the argmax: the split kernel against eager, with the
+    cache split into parts of 16 keys or more (batch 2, left padding)."""
+    from genoflash.ops.attention import decode
+
+    monkeypatch.setattr(decode, "MIN_KEYS_PER_SPLIT", 16)
+    eager, ours = tiny_llama("eager", device), tiny_llama("genoflash", device)
+    ids = torch.randint(0, 64, (2, 70), device=device)
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, output_logits=True,
+              return_dict_in_generate=True)
+    with genoflash.use_backend("triton"):
+        got = ours.generate(ids, **kw)
+    ref = eager.generate(ids, **kw)
+    assert torch.equal(got.sequences, ref.sequences)
+    for a, b in zip(got.logits, ref.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_sliding_window_generation_matches_eager(device):
+    """Decoding past a sliding window (8 tokens, prompts of 12 with left padding): the window counts
+    positions, as eager's mask does."""
+    config = transformers.MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    models = {}
+    for impl in ("eager", "genoflash"):
+        torch.manual_seed(0)
+        models[impl] = transformers.MistralForCausalLM._from_config(config, attn_implementation=impl).to(device).eval()
+    ids = torch.randint(0, 64, (2, 12), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
+    with genoflash.use_backend("triton"):
+        got = models["genoflash"].generate(ids, **kw)
+    assert torch.equal(got, models["eager"].generate(ids, **kw))
 
 
 def test_autocast_with_float32_weights_matches_eager():

@@ -13,14 +13,15 @@ import dataclasses
 import torch
 
 from ...backends import select_backend
+from ...settings import current as current_settings
 from . import custom_ops, reference
 from .args import AttentionArgs
 from .dropout import DropoutArgs, draw_seed_and_offset
 from .passes import backward_pass, forward_pass, rotate_qk, torch_kwargs
 from ..common.checks import as_int, check_float_tensor
 from ..rotary.interface import apply_rotary_emb
-from .validation import (attention_args, check_cu_seqlens, check_headdim, check_qkv, check_triton_device,
-                         check_window, last_dim_contiguous)
+from .validation import (attention_args, check_alibi, check_cu_seqlens, check_headdim, check_qkv, check_scale,
+                         check_softcap, check_triton_device, check_window, last_dim_contiguous)
 
 
 class FlashAttnFunc(torch.autograd.Function):
@@ -419,8 +420,9 @@ def flash_attn_with_kvcache(
             keys of sequence b counted from cache_leftpad[b] to its last new token (causal is
             bottom-right aligned to them).
         rotary_interleaved: GPT-J pairs (flash-attn's default here) instead of NeoX halves.
-        num_splits: how many parts the keys are split into (flash-attn's split-KV decoding); 0
-            chooses. Accepted for flash-attn's signature: the current path does not split.
+        num_splits: how many parts each sequence's keys are split into (split-KV decoding); 0
+            chooses from the shape. Used where the call decodes (seqlen_q x nheads / nheads_k <= 128
+            query rows per KV head, on the triton backend); longer prefills run the training kernels.
         return_softmax_lse: also return the log-sum-exp, float32 (batch, nheads, seqlen_q).
 
     Returns:
@@ -431,11 +433,15 @@ def flash_attn_with_kvcache(
     check_float_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     check_headdim("q", q.shape[-1])
     windowed = check_window(window_size, False) != (-1, -1)
-    layout = kvcache.check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    batch, seqlen_q = q.shape[:2]
+    decoding = select_backend(q.device) == "triton" and _decodes(seqlen_q, q.shape[2], k_cache.shape[2])
+    # The decoding kernel takes the indices on the device: unless settings(check_indices=True) asks
+    # for their values to be checked, nothing waits on the host. Every other path needs them there.
+    layout = kvcache.check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 read_values=current_settings().check_indices or not decoding)
     if isinstance(num_splits, bool) or as_int("num_splits", num_splits) < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
-    batch, seqlen_q = q.shape[:2]
-    positions = torch.tensor(layout.seqlens, dtype=torch.int32, device=q.device)
+    positions = layout.seqlens_t
     if rotary_cos is not None or rotary_sin is not None:
         if rotary_cos is None or rotary_sin is None:
             raise ValueError("rotary_cos and rotary_sin must be given together")
@@ -443,9 +449,10 @@ def flash_attn_with_kvcache(
             raise TypeError("rotary_cos must be a 2-D tensor (seqlen_ro, rotary_dim / 2)")
         # Every position this call rotates lies inside the tables (apply_rotary_emb checks it too).
         q_positions = seqlen_q if causal or windowed else 1
-        if rotary_cos.shape[0] < max(n + max(layout.seqlen_new, q_positions) for n in layout.seqlens):
+        reach = None if layout.seqlens is None else max(n + max(layout.seqlen_new, q_positions) for n in layout.seqlens)
+        if reach is not None and rotary_cos.shape[0] < reach:
             raise ValueError(f"the rotary tables cover {rotary_cos.shape[0]} positions but this call reaches "
-                             f"{max(n + max(layout.seqlen_new, q_positions) for n in layout.seqlens) - 1}")
+                             f"{reach - 1}")
     with torch.no_grad():
         if rotary_cos is not None:
             if q_positions == seqlen_q:
@@ -457,6 +464,11 @@ def flash_attn_with_kvcache(
                 k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=positions)
         if k is not None:
             kvcache.append(k_cache, v_cache, k, v, layout)
+        if decoding:
+            check_triton_device(q)  # split-KV decoding, the cache read in place (decode.py)
+            out, lse = _decode(q, k_cache, v_cache, layout, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               num_splits)
+            return (out, lse) if return_softmax_lse else out
         kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, return_lse=True)
         if kvcache.whole_rows(layout, batch):  # the cache as it lies: no copy
@@ -474,3 +486,25 @@ def flash_attn_with_kvcache(
             out = out.view(batch, seqlen_q, *out.shape[1:])
             lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1)
     return (out, lse) if return_softmax_lse else out
+
+
+def _decodes(seqlen_q: int, nheads: int, nheads_k: int) -> bool:
+    """Whether a call is short enough for the split-KV decoding kernel (the triton backend only)."""
+    from . import decode  # imports triton
+
+    return decode.rows_per_kv_head(seqlen_q, nheads, nheads_k) <= decode.MAX_ROWS
+
+
+def _decode(q, k_cache, v_cache, layout, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits):
+    """flash_attn_with_kvcache's decoding path: the layout's index tensors, on the device, to the
+    split-KV kernel."""
+    from . import decode
+
+    left, right = check_window(window_size, causal)
+    ends = layout.seqlens_t + layout.seqlen_new if layout.seqlen_new else layout.seqlens_t
+    return decode.decode_attention(
+        last_dim_contiguous(q), k_cache, v_cache, ends, layout.max_keys(),
+        softmax_scale=check_scale(softmax_scale, q.shape[-1]), window_left=left, window_right=right,
+        softcap=check_softcap(softcap), alibi_slopes=check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device),
+        leftpad=layout.leftpad_t, cache_rows=layout.rows_t, block_table=layout.pages,
+        num_splits=as_int("num_splits", num_splits))

@@ -21,18 +21,33 @@ from .validation import check_headdim
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """Validated cache geometry. Lists are per sequence of the batch (host values, read once)."""
+    """Validated cache geometry. The lists are per sequence of the batch, host values read once, or
+    None where the index tensor was not read (settings(check_indices=False)); the tensors are the
+    same indices on the device, for the kernels and the append."""
 
-    seqlens: list[int]       # filled slots before this call's new tokens (cache_seqlens)
-    leftpad: list[int]       # the first slot that holds a key
-    rows: list[int] | None   # contiguous cache: the cache row of each sequence (cache_batch_idx)
+    seqlens: list[int] | None   # filled slots before this call's new tokens (cache_seqlens)
+    leftpad: list[int] | None   # the first slot that holds a key
+    rows: list[int] | None      # contiguous cache: the cache row of each sequence (cache_batch_idx)
     pages: torch.Tensor | None  # paged cache: (batch, max_pages) int page indices (block_table)
-    page_size: int           # a paged cache's rows per page; a contiguous cache's seqlen_cache
-    capacity: int            # slots a sequence can hold
-    seqlen_new: int          # new tokens appended to each sequence
+    page_size: int              # a paged cache's rows per page; a contiguous cache's seqlen_cache
+    capacity: int               # slots a sequence can hold
+    seqlen_new: int             # new tokens appended to each sequence
+    seqlens_t: torch.Tensor     # (batch,) int32: cache_seqlens on the device
+    leftpad_t: torch.Tensor | None  # (batch,) cache_leftpad, None for none
+    rows_t: torch.Tensor | None     # (batch,) cache_batch_idx, None for rows 0 .. batch - 1
+
+    @property
+    def read(self) -> bool:
+        """Whether every index value is known (and checked) on the host."""
+        return self.seqlens is not None and self.leftpad is not None and (self.pages is not None or
+                                                                          self.rows is not None)
 
     def ends(self) -> list[int]:
         return [n + self.seqlen_new for n in self.seqlens]
+
+    def max_keys(self) -> int:
+        """A bound on any sequence's keys after this call: exact when read, else the capacity."""
+        return max(self.ends(), default=0) if self.seqlens is not None else self.capacity
 
     def slot_index(self, start: list[int], end: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
         return slot_index(start, end, self.rows, self.pages, self.page_size, device)
@@ -52,9 +67,11 @@ def slot_index(start: list[int], end: list[int], rows: list[int] | None, pages: 
     return torch.tensor(rows, device=device)[seq], slot
 
 
-def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table) -> CacheLayout:
-    """Shapes, dtypes and every index value, with errors naming the argument: nothing out of the
-    cache is ever read or written."""
+def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                read_values: bool = True) -> CacheLayout:
+    """Shapes, dtypes and, with read_values, every index value, with errors naming the argument:
+    nothing out of the cache is ever read or written. Without read_values the index tensors are
+    checked for dtype, shape and device only, and nothing waits on the device."""
     batch, _, nheads, headdim = q.shape
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -62,6 +79,8 @@ def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
                              f"(num_blocks, page_block_size, nheads_k, headdim)")
         if t.dtype != q.dtype or t.device != q.device:
             raise TypeError(f"{name} must have q's dtype and device ({q.dtype}, {q.device}), got {t.dtype}, {t.device}")
+        if t.stride(-1) != 1:  # written in place and read by the kernels as they lie
+            raise ValueError(f"{name} must have contiguous channels (stride(-1) == 1), got strides {t.stride()}")
     if k_cache.shape[:3] != v_cache.shape[:3]:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must agree but for "
                          f"the last dim")
@@ -85,15 +104,21 @@ def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
                 raise TypeError(f"{name} must have q's dtype and device, got {t.dtype}, {t.device}")
         seqlen_new = k.shape[1]
 
+    def values(name, t):
+        _check_index_tensor(name, t, batch, q.device)
+        return t.tolist() if read_values else None  # one small copy: checked before the cache is touched
+
     paged = block_table is not None
+    rows = rows_t = None
     if paged:
         check_block_table(block_table, batch, q.device)
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx goes with a contiguous cache: a paged cache's block_table already "
                              "names each sequence's pages")
+        if cache_leftpad is not None:
+            raise ValueError("cache_leftpad goes with a contiguous cache, not with block_table")
         num_blocks, page_size = k_cache.shape[:2]
         capacity = block_table.shape[1] * page_size
-        rows = None
     else:
         cache_batch, page_size = k_cache.shape[:2]
         capacity = page_size
@@ -103,33 +128,37 @@ def check_cache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
                                  "cache_batch_idx to pick cache rows")
             rows = list(range(batch))
         else:
-            rows = _int_values("cache_batch_idx", cache_batch_idx, batch, q.device)
-            if min(rows) < 0 or max(rows) >= cache_batch:
-                raise ValueError(f"cache_batch_idx must index the cache's {cache_batch} rows, got "
-                                 f"{min(rows)}..{max(rows)}")
-            if len(set(rows)) != len(rows) and seqlen_new:
-                raise ValueError("cache_batch_idx repeats a row: two sequences would append to the same cache row")
+            rows, rows_t = values("cache_batch_idx", cache_batch_idx), cache_batch_idx
+            if rows is not None:
+                if min(rows) < 0 or max(rows) >= cache_batch:
+                    raise ValueError(f"cache_batch_idx must index the cache's {cache_batch} rows, got "
+                                     f"{min(rows)}..{max(rows)}")
+                if len(set(rows)) != len(rows) and seqlen_new:
+                    raise ValueError("cache_batch_idx repeats a row: two sequences would append to the same "
+                                     "cache row")
 
     if cache_seqlens is None:
         if seqlen_new:
             raise ValueError("cache_seqlens must be given with new k and v: it says where they go")
         seqlens = [capacity] * batch
+        seqlens_t = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 1:
-        seqlens = _int_values("cache_seqlens", cache_seqlens, batch, q.device)
+        seqlens, seqlens_t = values("cache_seqlens", cache_seqlens), cache_seqlens
     else:
         seqlens = [as_int("cache_seqlens", cache_seqlens)] * batch
-    leftpad = [0] * batch if cache_leftpad is None else _int_values("cache_leftpad", cache_leftpad, batch, q.device)
-    if paged and cache_leftpad is not None:
-        raise ValueError("cache_leftpad goes with a contiguous cache, not with block_table")
-    for b, (n, p) in enumerate(zip(seqlens, leftpad)):
-        if n < 0 or n + seqlen_new > capacity:
-            raise ValueError(f"cache_seqlens[{b}] = {n} plus {seqlen_new} new tokens must fit the cache's "
-                             f"{capacity} slots")
-        if not 0 <= p <= n:
-            raise ValueError(f"cache_leftpad[{b}] = {p} must be in [0, cache_seqlens[{b}] = {n}]")
-    if paged:
-        check_pages(block_table, [n + seqlen_new for n in seqlens], page_size, num_blocks)
-    return CacheLayout(seqlens, leftpad, rows, block_table if paged else None, page_size, capacity, seqlen_new)
+        seqlens_t = torch.full((batch,), seqlens[0], dtype=torch.int32, device=q.device)
+    leftpad = [0] * batch if cache_leftpad is None else values("cache_leftpad", cache_leftpad)
+    if seqlens is not None:
+        for b, n in enumerate(seqlens):
+            if n < 0 or n + seqlen_new > capacity:
+                raise ValueError(f"cache_seqlens[{b}] = {n} plus {seqlen_new} new tokens must fit the cache's "
+                                 f"{capacity} slots")
+            if leftpad is not None and not 0 <= leftpad[b] <= n:
+                raise ValueError(f"cache_leftpad[{b}] = {leftpad[b]} must be in [0, cache_seqlens[{b}] = {n}]")
+        if paged and read_values:
+            check_pages(block_table, [n + seqlen_new for n in seqlens], page_size, num_blocks)
+    return CacheLayout(seqlens, leftpad, rows, block_table if paged else None, page_size, capacity, seqlen_new,
+                       seqlens_t, cache_leftpad, rows_t)
 
 
 def check_block_table(block_table, batch: int, device) -> None:
@@ -170,21 +199,26 @@ def paged_keys(k: torch.Tensor, v: torch.Tensor, block_table, lengths: list[int]
     return k[first, second], v[first, second]
 
 
-def _int_values(name: str, t, batch: int, device) -> list[int]:
+def _check_index_tensor(name: str, t, batch: int, device) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (batch,):
         raise TypeError(f"{name} must be an int32 tensor of shape ({batch},), got "
                         f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
                         f"{' ' + str(tuple(t.shape)) if isinstance(t, torch.Tensor) else ''}")
     if t.device != device:
         raise ValueError(f"{name} must be on {device}, got {t.device}")
-    return t.tolist()  # one small copy: every index is checked before the cache is touched
 
 
 def append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: CacheLayout) -> None:
-    """Write k and v (batch, seqlen_new, ...) into the caches at slots [cache_seqlens[b], + seqlen_new)."""
-    first, second = layout.slot_index(layout.seqlens, layout.ends(), k.device)
-    k_cache[first, second] = k.reshape(-1, *k.shape[2:])
-    v_cache[first, second] = v.reshape(-1, *v.shape[2:])
+    """Write k and v (batch, seqlen_new, ...) into the caches at slots [cache_seqlens[b], + seqlen_new),
+    with indices computed on the device (nothing waits on the host)."""
+    slots = layout.seqlens_t.long()[:, None] + torch.arange(k.shape[1], device=k.device)  # (batch, seqlen_new)
+    if layout.pages is not None:
+        first, second = layout.pages.long().gather(1, slots // layout.page_size), slots % layout.page_size
+    else:
+        rows = layout.rows_t.long() if layout.rows_t is not None else torch.arange(k.shape[0], device=k.device)
+        first, second = rows[:, None].expand_as(slots), slots
+    k_cache[first, second] = k
+    v_cache[first, second] = v
 
 
 def gather(k_cache: torch.Tensor, v_cache: torch.Tensor, layout: CacheLayout):

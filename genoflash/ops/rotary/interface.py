@@ -109,6 +109,8 @@ def _rotate(x, cos, sin, interleaved, offsets, offset_values, cu_seqlens, max_se
                                        offsets if per_sequence else None, 0 if per_sequence else offsets,
                                        cu_seqlens, max_seqlen, False, backend)
     if backend != "triton":
+        if offset_values is None:  # not read (settings(check_indices=False)): torch ops need them on the host
+            offset_values = offsets.tolist()
         return rotary_reference(x, cos, sin, interleaved, offset_values,
                                 None if cu_seqlens is None else cu_seqlens.tolist())
     check_triton_device(x)

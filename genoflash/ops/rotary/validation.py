@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ...settings import current as current_settings
+
 
 def check_offsets(seqlen_offsets, batch: int, device) -> tuple[int | torch.Tensor, list[int] | None]:
     """(what the kernel takes, the offset of each sequence). The offsets of a tensor are read
@@ -14,7 +16,7 @@ def check_offsets(seqlen_offsets, batch: int, device) -> tuple[int | torch.Tenso
                             f"{seqlen_offsets.dtype} {tuple(seqlen_offsets.shape)}")
         if seqlen_offsets.device != device:
             raise ValueError(f"seqlen_offsets must be on {device}, got {seqlen_offsets.device}")
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or not current_settings().check_indices:  # trusted, never waited on
             return seqlen_offsets.to(torch.int32).contiguous(), None
         values = seqlen_offsets.tolist()  # one small copy: positions outside the tables must never be read
         check_offset_range(values)

@@ -74,11 +74,14 @@ CASES = {  # batch, seqlen_q, nheads, nheads_k, headdim, seqlens, seqlen_new, le
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend,num_splits", [("triton", 0), ("triton", 5), ("torch", 0)],
+                         ids=["triton", "triton-5-splits", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_the_float64_reference(backend, dtype, paged, case, device):
+def test_matches_the_float64_reference(backend, num_splits, dtype, paged, case, device):
+    """On the triton backend every case decodes (decode.py); 5 splits of at most 129 keys leave
+    parts that end inside a tile and parts with no key at all."""
     batch, seqlen_q, nheads, nheads_k, d, seqlens, seqlen_new, leftpad, extra = CASES[case]
     if paged and leftpad is not None:
         pytest.skip("cache_leftpad goes with a contiguous cache")
@@ -100,7 +103,7 @@ def test_matches_the_float64_reference(backend, dtype, paged, case, device):
     kw = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=torch.tensor(seqlens, dtype=torch.int32, device=device),
               cache_leftpad=None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32, device=device),
               causal=causal, window_size=window, softcap=softcap, rotary_interleaved=interleaved, alibi_slopes=alibi,
-              return_softmax_lse=True)
+              num_splits=num_splits, return_softmax_lse=True)
     if paged:  # the pages of the sequences shuffled through a pool with spare pages
         pages = capacity // page
         order = torch.randperm(batch * pages + 3, device=device)[:batch * pages].view(batch, pages)
@@ -135,11 +138,12 @@ def test_matches_the_float64_reference(backend, dtype, paged, case, device):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_whole_cache_is_read_in_place(backend, device):
-    """cache_seqlens None (every slot filled), rows in order: the call reads the cache as it lies and
+    """A prefill too long to decode (65 queries x 2 heads per KV head > decode.MAX_ROWS), with
+    cache_seqlens None (every slot filled) and rows in order: the call reads the cache as it lies and
     equals flash_attn_func on it."""
     torch.manual_seed(11)
-    q = torch.randn(2, 1, 4, 16, device=device)
-    k_cache, v_cache = (torch.randn(2, 33, 2, 16, device=device) for _ in range(2))
+    q = torch.randn(2, 65, 4, 16, device=device)
+    k_cache, v_cache = (torch.randn(2, 80, 2, 16, device=device) for _ in range(2))
     with genoflash.use_backend(backend):
         got = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache)
         want = genoflash.flash_attn_func(q, k_cache, v_cache)
@@ -243,3 +247,54 @@ def test_varlen_with_a_block_table_equals_the_packed_keys(backend, device):
         genoflash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, torch.tensor([0, 25, 28], dtype=torch.int32,
                                                                                  device=device), 3, 25,
                                          block_table=table)
+
+
+def test_decoding_reads_pages_in_place(device, monkeypatch):
+    """The decoding kernel reads a paged cache through its block table: no key is gathered, and the
+    answer is the gathered path's."""
+    from genoflash.ops.attention import kvcache
+
+    torch.manual_seed(13)
+    q = torch.randn(2, 1, 4, 16, device=device)
+    k_cache, v_cache = (torch.randn(9, 16, 2, 16, device=device) for _ in range(2))
+    table = torch.randperm(9, device=device)[:8].view(2, 4).to(torch.int32)
+    seqlens = torch.tensor([50, 17], dtype=torch.int32, device=device)
+    with genoflash.use_backend("torch"):
+        want = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
+
+    def no_gather(*args, **kwargs):
+        raise AssertionError("the decoding path gathered the keys")
+
+    monkeypatch.setattr(kvcache, "gather", no_gather)
+    with genoflash.use_backend("triton"):
+        got = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                                num_splits=3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_indices_give_the_same_answer_without_reading_them(backend, device, monkeypatch):
+    """settings(check_indices=False): the decoding path never reads an index tensor to the host
+    (a spy on Tensor.tolist), appends and rotates on the device, and answers as the checked call."""
+    torch.manual_seed(14)
+    batch, nheads, nheads_k, d = 2, 4, 2, 32
+    q = torch.randn(batch, 1, nheads, d, device=device)
+    k_new, v_new = (torch.randn(batch, 1, nheads_k, d, device=device) for _ in range(2))
+    k_cache, v_cache = (torch.randn(9, 16, nheads_k, d, device=device) for _ in range(2))
+    table = torch.randperm(9, device=device)[:8].view(batch, 4).to(torch.int32)
+    seqlens = torch.tensor([40, 16], dtype=torch.int32, device=device)
+    cos, sin = rotary_tables(64, d, device=device)
+    kw = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, block_table=table, causal=True)
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    with genoflash.use_backend(backend):
+        want = genoflash.flash_attn_with_kvcache(q, *caches[0], k_new, v_new, **kw)
+        reads = []
+        real_tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real_tolist(t))
+        with genoflash.settings(check_indices=False):
+            got = genoflash.flash_attn_with_kvcache(q, *caches[1], k_new, v_new, **kw)
+    if backend == "triton":
+        assert reads == [], f"index tensors read to the host: {reads}"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[1][0], caches[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(caches[1][1], caches[0][1], rtol=0, atol=0)

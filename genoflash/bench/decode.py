@@ -1,0 +1,216 @@
+"""`genoflash bench decode`: one decoding step against a long KV cache, beside SDPA and the HBM floor.
+
+A step is q (batch, 1, nheads, 128) against N cached keys and values (nheads_k heads), bf16. Each
+provider runs on the same values in one process; times are medians of `triton.testing.do_bench`
+(which clears L2 between calls, so every call reads the cache from HBM):
+    genoflash          flash_attn_with_kvcache on a contiguous cache, settings(check_indices=False)
+    genoflash-checked  the same call with its index values read and checked (the default)
+    genoflash-paged    the keys in pages of 256 slots shuffled through a pool (block_table)
+    sdpa-flash, sdpa-cudnn, sdpa-efficient
+                       F.scaled_dot_product_attention on (batch, heads, N, dim) tensors, enable_gqa
+    floor              the bytes of K and V read once, at the device-to-device copy rate
+                       (bytes read + written per second, as the mixers' bench measures it)
+Every output is compared with sdpa-flash's, or the first SDPA that ran (max abs difference).
+
+--sweep times the split kernel over tile shapes and split targets instead (decode.py's module
+constants), on the same cases: what decode.py's constants were chosen from.
+Results: <out>/<gpu>-<date>-decode.json (or -decode-sweep.json) and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+import torch
+
+from .. import settings
+from ..ops.attention import flash_attn_with_kvcache
+from .common import (RESULTS_DIR, median_ms, pyplot, results_stem, run_metadata, save_figure, title_stamp,
+                     write_json)
+
+CUDA = torch.device("cuda")
+PAGE = 256
+# name: (batch, seqlen_k, nheads, nheads_k); head dim 128
+CASES = {
+    "gqa-128k": (1, 131072, 32, 8),
+    "gqa-1m": (1, 1048576, 32, 8),
+    "gqa-b16-32k": (16, 32768, 32, 8),
+    "mha-128k": (1, 131072, 32, 32),
+    "mha-1m": (1, 1048576, 32, 32),
+}
+HEADDIM = 128
+
+
+def copy_rate_gbps(gib: float = 2.0) -> float:
+    """Device-to-device copy rate, bytes read + written per second."""
+    x = torch.empty(int(gib * 2**30) // 4, device=CUDA, dtype=torch.float32)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    ms = median_ms(lambda: y.copy_(x), CUDA)
+    return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def _paged(k: torch.Tensor, v: torch.Tensor):
+    """The caches (batch, N, h, d) as pages of PAGE slots, shuffled through a pool with spare pages."""
+    batch, n = k.shape[:2]
+    pages = -(-n // PAGE)
+    pool = batch * pages + 7
+    order = torch.randperm(pool, device=k.device)[:batch * pages]
+    k_pages = torch.empty(pool, PAGE, *k.shape[2:], dtype=k.dtype, device=k.device)
+    v_pages = torch.empty(pool, PAGE, *v.shape[2:], dtype=v.dtype, device=v.device)
+    pad = pages * PAGE - n
+    k_pages[order] = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(-1, PAGE, *k.shape[2:])
+    v_pages[order] = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(-1, PAGE, *v.shape[2:])
+    return k_pages, v_pages, order.view(batch, pages).to(torch.int32)
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def call(q, k, v):  # (batch, heads, n, d)
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
+    return call
+
+
+def _timed(fn) -> dict:
+    try:
+        out = fn()
+        torch.cuda.synchronize()
+        return {"ms": median_ms(fn, CUDA), "out": out}
+    except Exception as e:  # a provider that cannot run this case says why; the others go on
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+
+
+def run_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, floor_gbps: float) -> dict:
+    torch.manual_seed(0)
+    q = torch.randn(batch, 1, nheads, HEADDIM, device=CUDA, dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, nheads_k, HEADDIM, device=CUDA, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device=CUDA)
+    cache_bytes = 2 * k.numel() * k.element_size()
+    rec = {"case": name, "batch": batch, "seqlen_k": seqlen_k, "nheads": nheads, "nheads_k": nheads_k,
+           "headdim": HEADDIM, "cache_gib": cache_bytes / 2**30,
+           "floor_ms": cache_bytes / (floor_gbps * 1e9) * 1e3, "providers": {}}
+    outs = {}
+
+    def add(provider, fn):
+        r = _timed(fn)
+        if "out" in r:
+            outs[provider] = r.pop("out")
+            r["pct_of_floor"] = 100 * rec["floor_ms"] / r["ms"]
+        rec["providers"][provider] = r
+        print(f"{name:12s} {provider:18s} " + (f"{r['ms']:.4f} ms  {r['pct_of_floor']:.0f}% of floor"
+                                                if "ms" in r else r["error"]), flush=True)
+
+    with settings(check_indices=False):
+        add("genoflash", lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths))
+    add("genoflash-checked", lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths))
+    k_pages, v_pages, table = _paged(k, v)
+    with settings(check_indices=False):
+        add("genoflash-paged", lambda: flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths,
+                                                               block_table=table))
+    k_pages = v_pages = None  # freed before SDPA's copies are made
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
+    k = v = None
+    from torch.nn.attention import SDPBackend
+    for provider, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        add(provider, lambda b=backend: _sdpa(b)(qs, ks, vs).transpose(1, 2))
+    ref_name = next((p for p in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") if p in outs), None)
+    if ref_name:
+        rec["compared_with"] = ref_name
+        for provider, out in outs.items():
+            rec["providers"][provider]["max_abs_diff"] = (out.float() - outs[ref_name].float()).abs().max().item()
+    qs = ks = vs = None
+    outs.clear()
+    torch.cuda.empty_cache()
+    return rec
+
+
+def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, floor_gbps: float,
+               grid: dict) -> list[dict]:
+    """The split kernel's time for every combination of decode.py's constants in `grid`."""
+    from ..ops.attention import decode
+
+    torch.manual_seed(0)
+    q = torch.randn(batch, 1, nheads, HEADDIM, device=CUDA, dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, nheads_k, HEADDIM, device=CUDA, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    floor_ms = 2 * k.numel() * k.element_size() / (floor_gbps * 1e9) * 1e3
+    saved = {key: getattr(decode, key) for key in grid}
+    rows = []
+    try:
+        for values in itertools.product(*grid.values()):
+            config = dict(zip(grid, values))
+            for key, value in config.items():
+                setattr(decode, key, value)
+            call = lambda: decode.decode_attention(q, k, v, None, seqlen_k, softmax_scale=HEADDIM ** -0.5)  # noqa: E731
+            r = _timed(call)
+            r.pop("out", None)
+            splits = decode.choose_splits(batch * nheads_k, seqlen_k, CUDA)
+            row = {"case": name, **config, "splits": splits, **r}
+            if "ms" in r:
+                row["pct_of_floor"] = 100 * floor_ms / r["ms"]
+            rows.append(row)
+            print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+    finally:
+        for key, value in saved.items():
+            setattr(decode, key, value)
+    q = k = v = None
+    torch.cuda.empty_cache()
+    return rows
+
+
+def plot(report: dict, path: Path) -> None:
+    plt = pyplot()
+    cases = report["cases"]
+    providers = [p for p in ("genoflash", "genoflash-paged", "genoflash-checked", "sdpa-flash", "sdpa-cudnn",
+                             "sdpa-efficient") if any(p in c["providers"] for c in cases)]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(providers)
+    for i, p in enumerate(providers):
+        ys = [c["providers"].get(p, {}).get("pct_of_floor", 0.0) for c in cases]
+        ax.bar([j + i * width for j in range(len(cases))], ys, width, label=p)
+    ax.axhline(100, color="black", lw=0.8)
+    ax.axhline(85, color="gray", lw=0.8, ls="--")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], [c["case"] for c in cases])
+    ax.set_ylabel("% of the HBM floor (higher is faster)")
+    ax.set_title(f"one decoding step, bf16, head dim 128 | {title_stamp(report['metadata'])}", fontsize=9)
+    ax.legend(fontsize=8, ncol=3)
+    save_figure(fig, path)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="genoflash bench decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--sweep", action="store_true", help="time decode.py's constants instead of the providers")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("genoflash bench decode needs a CUDA GPU", flush=True)
+        return 2
+    unknown = [c for c in args.cases.split(",") if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    floor_gbps = copy_rate_gbps()
+    metadata = run_metadata(CUDA, dtype="bf16", copy_rate_gbps=floor_gbps,
+                            method="do_bench median (L2 cleared between calls); floor = K+V bytes / copy rate")
+    if args.sweep:
+        grid = {"BLOCK_N": [32, 64, 128], "NUM_WARPS": [2, 4, 8], "NUM_STAGES": [2, 3, 4],
+                "PROGRAMS_PER_SM": [2, 4, 8]}
+        rows = [row for c in args.cases.split(",") for row in sweep_case(c, *CASES[c], floor_gbps, grid)]
+        path = Path(f"{results_stem(args.out, metadata, 'decode-sweep')}.json")
+        write_json(path, {"metadata": metadata, "grid": grid, "rows": rows})
+        print(f"wrote {path}", flush=True)
+        return 0
+    report = {"metadata": metadata, "cases": []}
+    path = Path(f"{results_stem(args.out, metadata, 'decode')}.json")
+    for c in args.cases.split(","):
+        report["cases"].append(run_case(c, *CASES[c], floor_gbps))
+        write_json(path, report)  # each case saved as it finishes
+    plot(report, path.with_suffix(".png"))
+    print(f"wrote {path}", flush=True)
+    return 0

@@ -1,0 +1,277 @@
+"""Split-KV decoding (flash-decoding): a few query rows against a long KV cache, read in place.
+
+One new token per sequence leaves the training forward's grid (one program per 128 query rows)
+nearly empty, so a decoding step would read the cache from a handful of SMs. Here the keys of each
+sequence are split into `num_splits` parts and every (split, sequence, KV head) is a program:
+
+    grid = (num_splits, batch * nheads_k, row blocks)
+
+A program packs every query of its KV head's group as rows, row r = query r // G of head
+hk * G + r % G (G = nheads // nheads_k), so K and V are read from HBM once per KV head, not once
+per query head. It runs the online softmax over its part of the keys and writes a partial output
+and its log-sum-exp; `_combine_kernel` merges the parts through their LSEs (a part that saw no key
+has LSE -inf and weight 0). With one part the first kernel writes the output itself.
+
+Keys of sequence b are the slots [leftpad[b], seqlens_k[b]) of its cache row (`cache_rows[b]`, or
+b) or of its pages (`block_table[b]`, slot t in page block_table[b, t // page_size], row
+t % page_size); key j counts from leftpad, and the masks (causal, window, ALiBi) are bottom-right
+aligned to each sequence's own key count, as in the training kernels. An optional key mask
+(batch, capacity) drops single slots (transformers' padding mask). Every index tensor lives on the
+device and is read by the kernel, so a decoding step needs no host synchronisation and no
+recompilation as the cache grows: the lengths are data, not constants.
+
+The split count and tile sizes come from measurements (docs/design/decoding.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ...backends import triton_interpreted
+from ..common.host import cdiv, next_power_of_2
+from .kernel_args import input_precision
+from .mask import _visible
+from .score_mods import _alibi_bias, _softcap
+from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
+
+# Tile shape and pipelining of the split kernel, and how finely it splits: chosen on an H100 and
+# an H200 by tools/tune_decode.py (docs/design/decoding.md).
+BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 3
+PROGRAMS_PER_SM = 4      # splits are added until the grid holds this many programs per SM ...
+MIN_KEYS_PER_SPLIT = 256  # ... while each split keeps at least this many keys
+MAX_SPLITS = 128
+MAX_ROWS = 128  # query rows per KV head (seqlen_q x group) up to which decoding takes this path
+INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exercises the splits
+
+
+# seqlen_k_fixed grows by one per decoding step: specialising on its divisibility would compile the
+# kernel twice over a generation for nothing.
+@triton.jit(do_not_specialize=["seqlen_k_fixed"])
+def _decode_split_kernel(
+    Q, K, V, Out, Lse, OutPart, LsePart,
+    SeqlensK, Leftpad, CacheRows, BlockTable, KeyMask, Alibi,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    stride_bt, stride_mask, stride_alibi,
+    batch, seqlen_q, nheads, num_splits, page_size, seqlen_k_fixed,
+    qk_scale_log2, inv_scale, window_left, window_right, softcap_in, softcap_out,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROWS: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    b = pid_bh // (nheads // GROUP)
+    hk = pid_bh % (nheads // GROUP)
+
+    # Packed rows: query i of head hk * GROUP + g.
+    offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_idx = offs_r // GROUP
+    head = hk * GROUP + offs_r % GROUP
+    row_ok = q_idx < seqlen_q
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    b64 = b.to(tl.int64)
+    q_ptrs = Q + b64 * stride_qb + q_idx[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    # This sequence's keys, counted from its first slot, and the part this program reads.
+    start = 0
+    if HAS_LEFTPAD:
+        start = tl.load(Leftpad + b)
+    end = seqlen_k_fixed
+    if HAS_SEQLENS:
+        end = tl.load(SeqlensK + b)
+    seqlen_k = end - start
+    first_q = pid_m * BLOCK_M // GROUP
+    last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, seqlen_q - 1)
+    lo = 0
+    hi = seqlen_k
+    if HAS_LEFT:  # keys left of every row's window are never read
+        lo = tl.maximum(first_q + seqlen_k - seqlen_q - window_left, 0)
+    if HAS_RIGHT:  # nor keys right of it (causal is window_right = 0)
+        hi = tl.minimum(last_q + seqlen_k - seqlen_q + window_right + 1, seqlen_k)
+    hi = tl.maximum(hi, lo)
+    # Equal parts in whole tiles: a part's tiles start BLOCK_N-aligned from lo.
+    chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    n_start = lo + split * chunk
+    n_end = tl.minimum(n_start + chunk, hi)
+
+    row = b64
+    if HAS_ROWS:
+        row = tl.load(CacheRows + b).to(tl.int64)
+    slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        slope = tl.load(Alibi + b * stride_alibi + head, mask=row_ok, other=0.0) * inv_scale
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for n0 in range(n_start, n_end, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < n_end
+        slot = start + cols
+        if PAGED:
+            page = tl.load(BlockTable + b64 * stride_bt + slot // page_size, mask=col_ok, other=0).to(tl.int64)
+            k_rows = page * stride_kb + (slot % page_size).to(tl.int64) * stride_kn
+            v_rows = page * stride_vb + (slot % page_size).to(tl.int64) * stride_vn
+        else:
+            k_rows = row * stride_kb + slot.to(tl.int64) * stride_kn
+            v_rows = row * stride_vb + slot.to(tl.int64) * stride_vn
+        k = tl.load(K + k_rows[:, None] + hk * stride_kh + offs_d[None, :],
+                    mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if HAS_SOFTCAP:
+            s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
+        if HAS_ALIBI:
+            s += _alibi_bias(q_idx[:, None], cols[None, :], seqlen_q, seqlen_k, slope[:, None])
+        visible = col_ok[None, :] & _visible(q_idx[:, None], cols[None, :], seqlen_q, seqlen_k, window_left,
+                                             window_right, HAS_LEFT, HAS_RIGHT)
+        if HAS_KEY_MASK:
+            keep = tl.load(KeyMask + b64 * stride_mask + slot, mask=col_ok, other=0)
+            visible = visible & (keep != 0)[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, True)
+        v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
+                    mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    out, lse = _finalize_softmax(acc, m_i, l_i)
+
+    if SPLIT:  # partials (num_splits, batch, nheads, seqlen_q[, HEAD_DIM_V]) in float32
+        part = ((split * batch + b64) * nheads + head) * seqlen_q + q_idx
+        tl.store(LsePart + part, lse, mask=row_ok)
+        tl.store(OutPart + part[:, None] * HEAD_DIM_V + offs_dv[None, :], out,
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    else:
+        o_ptrs = Out + b64 * stride_ob + q_idx[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
+        tl.store(o_ptrs + offs_dv[None, :], out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+        tl.store(Lse + b64 * stride_lb + head * stride_lh + q_idx, lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(OutPart, LsePart, Out, Lse, batch, nheads, seqlen_q, num_splits,
+                    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                    HEAD_DIM_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One output row (b, head, i): the parts weighted by exp(lse_part - lse)."""
+    r = tl.program_id(0)
+    i = r % seqlen_q
+    head = (r // seqlen_q) % nheads
+    b = r // (seqlen_q * nheads)
+    rows = batch * nheads * seqlen_q
+    parts = tl.arange(0, BLOCK_S)
+    part_ok = parts < num_splits
+    lse_parts = tl.load(LsePart + parts * rows + r, mask=part_ok, other=float("-inf"))
+    m = tl.max(lse_parts, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # every part empty: all weights are exp(-inf) = 0
+    w = tl.exp(lse_parts - m_safe)
+    total = tl.sum(w, 0)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    o = tl.load(OutPart + (parts[:, None].to(tl.int64) * rows + r) * HEAD_DIM_V + offs_dv[None, :],
+                mask=part_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    lse = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(total))
+    b64 = b.to(tl.int64)
+    tl.store(Out + b64 * stride_ob + i * stride_os + head * stride_oh + offs_dv, out.to(Out.dtype.element_ty),
+             mask=offs_dv < HEAD_DIM_V)
+    tl.store(Lse + b64 * stride_lb + head * stride_lh + i, lse)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
+    """Parts per sequence: enough programs to fill the SMs several times over (a decoding step is a
+    stream of K and V from HBM, and each SM needs loads from several programs in flight), without
+    parts so short that the combine's reads and the per-part setup outweigh them."""
+    sms = INTERPRETER_SMS if device.type != "cuda" else _sm_count(device.index or 0)
+    want = cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))
+    return max(1, min(want, cdiv(max_keys, MIN_KEYS_PER_SPLIT), MAX_SPLITS))
+
+
+def rows_per_kv_head(seqlen_q: int, nheads: int, nheads_k: int) -> int:
+    return seqlen_q * (nheads // nheads_k)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     seqlens_k: torch.Tensor | None, max_seqlen_k: int, *, softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                     softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                     leftpad: torch.Tensor | None = None, cache_rows: torch.Tensor | None = None,
+                     block_table: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
+                     num_splits: int = 0, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (batch, seqlen_q, nheads, headdim) against keys read in place from a cache.
+
+    k_cache, v_cache: (batch_cache, capacity, nheads_k, headdim[_v]) with any strides but the
+    channels', or paged (num_blocks, page_size, nheads_k, headdim[_v]) with block_table. seqlens_k,
+    leftpad, cache_rows: int32 (batch,) device tensors (sequence b's keys are slots
+    [leftpad[b], seqlens_k[b]) of cache row cache_rows[b]); seqlens_k None means max_seqlen_k for
+    every sequence. key_mask: (batch, capacity) bool or uint8, nonzero where a slot holds a key.
+    max_seqlen_k: a host bound on the key counts, which also chooses the split count. The caller validates every index (kvcache.check_cache does); this
+    function trusts them. Returns (out (batch, seqlen_q, nheads, headdim_v) in q's dtype,
+    lse (batch, nheads, seqlen_q) float32, natural log)."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[-1]
+    group = nheads // nheads_k
+    rows = rows_per_kv_head(seqlen_q, nheads, nheads_k)
+    block_m = max(16, min(64, next_power_of_2(rows)))  # tl.dot takes 16 rows at least
+    row_blocks = cdiv(rows, block_m)
+    if num_splits <= 0:
+        num_splits = choose_splits(batch * nheads_k * row_blocks, max_seqlen_k, q.device)
+    if out is None:
+        out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    split = num_splits > 1
+    if split:
+        out_part = torch.empty(num_splits, batch, nheads, seqlen_q, headdim_v, device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    else:
+        out_part, lse_part = out, lse  # never written: SPLIT is off
+    paged = block_table is not None
+    slopes = alibi_slopes if alibi_slopes is not None else lse
+    mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
+    dummy = lse  # stands for the index tensors a call does not have: never read
+    _decode_split_kernel[(num_splits, batch * nheads_k, row_blocks)](
+        q, k_cache, v_cache, out, lse, out_part, lse_part,
+        seqlens_k if seqlens_k is not None else dummy, leftpad if leftpad is not None else dummy, cache_rows if cache_rows is not None else dummy,
+        block_table if paged else dummy, mask if mask is not None else dummy, slopes,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        block_table.stride(0) if paged else 0, mask.stride(0) if mask is not None else 0,
+        alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
+        batch, seqlen_q, nheads, num_splits, k_cache.shape[1] if paged else 1, max_seqlen_k,
+        softmax_scale * LOG2E_HOST, 1.0 / softmax_scale, window_left, window_right,
+        softmax_scale / softcap if softcap > 0 else 0.0, softcap / softmax_scale if softcap > 0 else 0.0,
+        HEAD_DIM=headdim, HEAD_DIM_V=headdim_v, GROUP=group,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=max(16, next_power_of_2(headdim)),
+        BLOCK_DV=max(16, next_power_of_2(headdim_v)),
+        HAS_SEQLENS=seqlens_k is not None, HAS_LEFTPAD=leftpad is not None, HAS_ROWS=cache_rows is not None, PAGED=paged,
+        HAS_KEY_MASK=mask is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
+        INPUT_PRECISION=input_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    if split:
+        _combine_kernel[(batch * nheads * seqlen_q,)](
+            out_part, lse_part, out, lse, batch, nheads, seqlen_q, num_splits,
+            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            HEAD_DIM_V=headdim_v, BLOCK_S=max(2, next_power_of_2(num_splits)),
+            BLOCK_DV=max(16, next_power_of_2(headdim_v)), num_warps=4,
+        )
+    return out, lse
