@@ -5,7 +5,9 @@ The model is a Llama-style decoder built from a local config (random weights, bf
 length, the prompt but its last token is prefilled once (with genoflash); each implementation then
 runs `generate()` from its own copy of that cache, so every step it times is a decoding step
 (the first one reads the prompt's last token). Per-token time = wall time of T new tokens / T,
-after a warm-up generate of 4 tokens (compilation stays out). Tokens are compared with eager's.
+after a warm-up generate of 4 tokens (compilation stays out), the median of 3 runs. Tokens are
+compared with eager's. Beside transformers' "sdpa", "sdpa-no-cudnn" is the same with SDPA's cuDNN
+backend off.
 
 Results: <out>/<gpu>-<date>-generate.json and a plot of per-token time against prompt length.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import time
 from pathlib import Path
 
@@ -22,7 +25,10 @@ import torch
 from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
 
 CUDA = torch.device("cuda")
-IMPLEMENTATIONS = ("genoflash", "sdpa", "eager")
+# "sdpa-no-cudnn": transformers' sdpa with SDPA's cuDNN backend switched off (torch then takes its
+# flash backend), as a second baseline: cuDNN builds an execution plan per new key length.
+IMPLEMENTATIONS = ("genoflash", "sdpa", "sdpa-no-cudnn", "eager")
+REPEATS = 3  # timed generate() calls per point; the median is reported
 
 
 def build_model(layers: int = 8):
@@ -40,7 +46,8 @@ def build_model(layers: int = 8):
 
 
 def _use(model, implementation: str) -> None:
-    model.set_attn_implementation(implementation)
+    model.set_attn_implementation("sdpa" if implementation == "sdpa-no-cudnn" else implementation)
+    torch.backends.cuda.enable_cudnn_sdp(implementation != "sdpa-no-cudnn")
 
 
 def _generate(model, ids, mask, cache, new_tokens: int):
@@ -64,15 +71,17 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
         _use(model, impl)
         try:
             _generate(model, ids, mask, copy.deepcopy(cache), 4)  # warm-up
-            run_cache = copy.deepcopy(cache)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = _generate(model, ids, mask, run_cache, new_tokens)
-            torch.cuda.synchronize()
-            seconds = time.perf_counter() - start
-            del run_cache
+            times = []
+            for _ in range(REPEATS):
+                run_cache = copy.deepcopy(cache)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = _generate(model, ids, mask, run_cache, new_tokens)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - start) / new_tokens * 1e3)
+                del run_cache
             tokens[impl] = out[:, prompt:]
-            rec["implementations"][impl] = {"ms_per_token": seconds / new_tokens * 1e3}
+            rec["implementations"][impl] = {"ms_per_token": statistics.median(times), "ms_per_token_runs": times}
         except Exception as e:  # e.g. eager out of memory: record it, go on
             rec["implementations"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         torch.cuda.empty_cache()
@@ -81,9 +90,12 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
             same = (t == tokens["eager"]).all(dim=0)
             rec["implementations"][impl]["tokens_equal_eager"] = bool(same.all())
             rec["implementations"][impl]["steps_equal_eager"] = int(same.cumprod(0).sum())
-    g, s = (rec["implementations"].get(i, {}).get("ms_per_token") for i in ("genoflash", "sdpa"))
-    if g and s:
-        rec["genoflash_over_sdpa"] = g / s
+    _use(model, "genoflash")
+    g = rec["implementations"].get("genoflash", {}).get("ms_per_token")
+    for base in ("sdpa", "sdpa-no-cudnn"):
+        b = rec["implementations"].get(base, {}).get("ms_per_token")
+        if g and b:
+            rec[f"genoflash_over_{base}"] = g / b
     print(f"batch {batch} prompt {prompt}: " + "  ".join(
         f"{i} {r['ms_per_token']:.2f} ms/token" if "ms_per_token" in r else f"{i} {r['error']}"
         for i, r in rec["implementations"].items()), flush=True)
@@ -117,7 +129,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench generate", description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", default="100,1024,4096,16384,65536")
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -129,8 +141,8 @@ def main(argv: list[str]) -> int:
     model = build_model()
     metadata = run_metadata(CUDA, dtype="bf16", transformers=transformers.__version__,
                             model="Llama-style, 8 layers, hidden 2048, 16 heads x 128, 4 KV heads, vocab 4096",
-                            method="wall time of generate(new_tokens) after a 4-token warm-up, from a copy of "
-                                   "one prefilled cache")
+                            method="median of 3 wall times of generate(new_tokens), after a 4-token warm-up, "
+                                   "each from a copy of one prefilled cache")
     batches = [int(b) for b in args.batches.split(",")]
     report = {"metadata": metadata, "batches": batches, "points": []}
     path = Path(f"{results_stem(args.out, metadata, 'generate')}.json")

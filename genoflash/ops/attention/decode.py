@@ -33,19 +33,22 @@ import triton.language as tl
 
 from ...backends import triton_interpreted
 from ..common.host import cdiv, next_power_of_2
+from .configs import LaunchConfig
 from .kernel_args import input_precision
+from .launch import launch
 from .mask import _visible
 from .score_mods import _alibi_bias, _softcap
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 
 # Tile shape and pipelining of the split kernel, and how finely it splits: chosen on an H100 and
 # an H200 by tools/tune_decode.py (docs/design/decoding.md).
-BLOCK_N = 64
+BLOCK_N = 32
 NUM_WARPS = 4
-NUM_STAGES = 3
+NUM_STAGES = 2
 PROGRAMS_PER_SM = 4      # splits are added until the grid holds this many programs per SM ...
 MIN_KEYS_PER_SPLIT = 256  # ... while each split keeps at least this many keys
 MAX_SPLITS = 128
+COMBINE_CONFIG = LaunchConfig(num_warps=4, num_stages=1)
 MAX_ROWS = 128  # query rows per KV head (seqlen_q x group) up to which decoding takes this path
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exercises the splits
 
@@ -66,7 +69,8 @@ def _decode_split_kernel(
     qk_scale_log2, inv_scale, window_left, window_right, softcap_in, softcap_out,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROWS: tl.constexpr, PAGED: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROWS: tl.constexpr, PAGED: tl.constexpr,
+    HAS_KEY_MASK: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
@@ -208,7 +212,8 @@ def rows_per_kv_head(seqlen_q: int, nheads: int, nheads_k: int) -> int:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     seqlens_k: torch.Tensor | None, max_seqlen_k: int, *, softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                     seqlens_k: torch.Tensor | None, max_seqlen_k: int, *, softmax_scale: float,
+                     window_left: int = -1, window_right: int = -1,
                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                      leftpad: torch.Tensor | None = None, cache_rows: torch.Tensor | None = None,
                      block_table: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
@@ -220,9 +225,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     leftpad, cache_rows: int32 (batch,) device tensors (sequence b's keys are slots
     [leftpad[b], seqlens_k[b]) of cache row cache_rows[b]); seqlens_k None means max_seqlen_k for
     every sequence. key_mask: (batch, capacity) bool or uint8, nonzero where a slot holds a key.
-    max_seqlen_k: a host bound on the key counts, which also chooses the split count. The caller validates every index (kvcache.check_cache does); this
-    function trusts them. Returns (out (batch, seqlen_q, nheads, headdim_v) in q's dtype,
-    lse (batch, nheads, seqlen_q) float32, natural log)."""
+    max_seqlen_k: a host bound on the key counts, which also chooses the split count. The caller
+    validates every index (kvcache.check_cache does); this function trusts them.
+    Returns (out (batch, seqlen_q, nheads, headdim_v) in q's dtype, lse (batch, nheads, seqlen_q)
+    float32, natural log)."""
     batch, seqlen_q, nheads, headdim = q.shape
     nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[-1]
     group = nheads // nheads_k
@@ -244,10 +250,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     slopes = alibi_slopes if alibi_slopes is not None else lse
     mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
     dummy = lse  # stands for the index tensors a call does not have: never read
-    _decode_split_kernel[(num_splits, batch * nheads_k, row_blocks)](
+    # launch(): after the first call of a specialisation, the compiled kernel is called directly,
+    # without triton's per-launch binding of ~50 arguments (launch.py): a decoding step is short.
+    launch(
+        _decode_split_kernel, (num_splits, batch * nheads_k, row_blocks), LaunchConfig(NUM_WARPS, NUM_STAGES),
         q, k_cache, v_cache, out, lse, out_part, lse_part,
-        seqlens_k if seqlens_k is not None else dummy, leftpad if leftpad is not None else dummy, cache_rows if cache_rows is not None else dummy,
-        block_table if paged else dummy, mask if mask is not None else dummy, slopes,
+        *(t if t is not None else dummy for t in (seqlens_k, leftpad, cache_rows, block_table, mask)), slopes,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -261,17 +269,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HEAD_DIM=headdim, HEAD_DIM_V=headdim_v, GROUP=group,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=max(16, next_power_of_2(headdim)),
         BLOCK_DV=max(16, next_power_of_2(headdim_v)),
-        HAS_SEQLENS=seqlens_k is not None, HAS_LEFTPAD=leftpad is not None, HAS_ROWS=cache_rows is not None, PAGED=paged,
-        HAS_KEY_MASK=mask is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        HAS_SEQLENS=seqlens_k is not None, HAS_LEFTPAD=leftpad is not None, HAS_ROWS=cache_rows is not None,
+        PAGED=paged, HAS_KEY_MASK=mask is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
         FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
-        INPUT_PRECISION=input_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        INPUT_PRECISION=input_precision(q.dtype),
     )
     if split:
-        _combine_kernel[(batch * nheads * seqlen_q,)](
+        launch(
+            _combine_kernel, (batch * nheads * seqlen_q,), COMBINE_CONFIG,
             out_part, lse_part, out, lse, batch, nheads, seqlen_q, num_splits,
             out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
             HEAD_DIM_V=headdim_v, BLOCK_S=max(2, next_power_of_2(num_splits)),
-            BLOCK_DV=max(16, next_power_of_2(headdim_v)), num_warps=4,
+            BLOCK_DV=max(16, next_power_of_2(headdim_v)),
         )
     return out, lse
