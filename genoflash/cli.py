@@ -7,6 +7,7 @@
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
     genoflash bench decode       one decoding step against a long KV cache, beside SDPA and the HBM floor (GPU)
     genoflash bench generate     transformers generate(): per-token time with genoflash against sdpa (GPU)
+    genoflash bench extrapolation  a trained DNA LM's held-out loss against context, with plain RoPE, PI and NTK
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
     genoflash bench mixers       attention vs Hyena vs Mamba, one layer's time and memory against N (GPU)
@@ -30,13 +31,15 @@ def _example(argv):
 
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
-    parser.add_argument("what", choices=["attention", "decode", "features", "generate", "memory", "mixers", "quality",
-                                             "ring"])
+    parser.add_argument("what", choices=["attention", "decode", "extrapolation", "features", "generate", "memory",
+                                         "mixers", "quality", "ring"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
     elif args.what == "decode":
         from .bench.decode import main
+    elif args.what == "extrapolation":
+        from .bench.extrapolation import main
     elif args.what == "features":
         from .bench.features import main
     elif args.what == "generate":

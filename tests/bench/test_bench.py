@@ -347,3 +347,24 @@ def test_bench_decode_plot_reads_its_report(tmp_path):
                                                  "sdpa-cudnn": {"error": "RuntimeError: no kernel"}}}]
     plot({"metadata": meta, "cases": cases}, tmp_path / "d.png")
     assert (tmp_path / "d.png").stat().st_size > 0
+
+
+def test_bench_extrapolation_scores_the_same_bases_at_every_context(tmp_path):
+    """A tiny LM trained at 64 bases, scored at 128 and 256: every context and RoPE setting scores the
+    same windows' last bases; at the training length the three settings are the same tables, past it
+    interpolation and NTK change the answer."""
+    from genoflash.data.examples import resolve_fasta
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", "lm", "--fasta", "yersinia-plasmid", "--dim", "16", "--depth", "1", "--nheads", "2",
+                 "--seq-len", "64", "--steps", "3", "--batch-size", "2", "--eval-every", "0", "--no-progress",
+                 "--device", "cpu", "--out-dir", str(run)]) == 0
+    assert main(["bench", "extrapolation", "--model", str(run), "--fasta", str(resolve_fasta("yersinia-plasmid")),
+                 "--contexts", "64,128,256", "--target", "32", "--per-record", "3", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*-extrapolation-*.json")).read_text())
+    assert report["train_len"] == 64 and report["windows"] == 3 and report["scored_bases_per_context"] == 96
+    bits = {(r["context"], r["setting"]): r["bits_per_base"] for r in report["rows"]}
+    assert bits[(64, "plain")] == bits[(64, "pi")] == bits[(64, "ntk")]
+    assert bits[(256, "pi")] != bits[(256, "plain")] and bits[(256, "ntk")] != bits[(256, "plain")]
+    assert all(0 < b < 8 for b in bits.values())

@@ -241,9 +241,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     split = num_splits > 1
-    if split:
-        out_part = torch.empty(num_splits, batch, nheads, seqlen_q, headdim_v, device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    if split:  # one allocation for both partials (a decoding step's host time counts)
+        rows_all = num_splits * batch * nheads * seqlen_q
+        parts = torch.empty(rows_all * (headdim_v + 1), device=q.device, dtype=torch.float32)
+        out_part, lse_part = parts[:rows_all * headdim_v], parts[rows_all * headdim_v:]
     else:
         out_part, lse_part = out, lse  # never written: SPLIT is off
     paged = block_table is not None

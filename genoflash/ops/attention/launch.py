@@ -115,10 +115,11 @@ class _Layout:
     (kernel, argument types): the key below then touches those positions alone and takes every
     other argument (ints, floats, bools, None) as it is, at C speed."""
 
-    __slots__ = ("tensors", "descriptors", "unspecialised", "types")
+    __slots__ = ("tensors", "descriptors", "unspecialised", "ints", "types")
 
-    def __init__(self, tensors, descriptors, unspecialised, types):
+    def __init__(self, tensors, descriptors, unspecialised, ints, types):
         self.tensors, self.descriptors, self.unspecialised, self.types = tensors, descriptors, unspecialised, types
+        self.ints = ints
 
 
 def _layout(kernel, types: tuple) -> _Layout | None:
@@ -137,7 +138,18 @@ def _layout(kernel, types: tuple) -> _Layout | None:
         normalised.append(t)
     # The do_not_specialize ints (the dropout seed and offset) are keyed on their width alone.
     unspecialised = tuple(i for i in unspecialised if i < len(types) and types[i] is int)
-    return _Layout(tuple(tensors), tuple(descriptors), unspecialised, tuple(normalised))
+    ints = tuple(i for i, t in enumerate(types) if t is int and i not in unspecialised)
+    return _Layout(tuple(tensors), tuple(descriptors), unspecialised, ints, tuple(normalised))
+
+
+def _int_key(a: int):
+    """What triton specialises an int on (its native_specialize_impl): 1 becomes a constexpr;
+    any other value, its width (i32, i64 or u64) and whether 16 divides it. Keying on this, not on
+    the value, lets a stride or length that changes every call (a growing KV cache) hit."""
+    if a == 1:
+        return 1
+    width = 0 if _INT32[0] <= a < _INT32[1] else 1 if -(2**63) <= a < 2**63 else 2
+    return width, a % 16 == 0
 
 
 def specialisation_key(kernel, args: tuple) -> tuple | None:
@@ -146,9 +158,9 @@ def specialisation_key(kernel, args: tuple) -> tuple | None:
 
     Tensors: dtype, 16-byte alignment of the data pointer, and whether it is a CUDA tensor. TMA
     descriptors (triton's and Gluon's): the dtype and box shape, and the shared-memory layout of
-    a Gluon one (the strides and shape are runtime values). Ints, floats, bools and None by value,
-    which covers triton's int specialisations (== 1, divisible by 16, 32 or 64 bits), except the
-    do_not_specialize ints, keyed on their width alone. The argument types are part of the key
+    a Gluon one (the strides and shape are runtime values). Ints as triton specialises them
+    (_int_key: == 1, divisible by 16, 32 or 64 bits), the do_not_specialize ints on their width
+    alone; floats, bools and None by value. The argument types are part of the key
     (True == 1 and 1.0 == 1 in Python, but triton types them u1, a constexpr 1 and fp32). No
     tensor is held by the key."""
     return _specialise(kernel, args)[0]
@@ -176,6 +188,8 @@ def _specialise(kernel, args: tuple) -> tuple[tuple | None, list | None]:
         key[i] = (a.base.dtype, tuple(a.block_shape), layout_key)
     for i in layout.unspecialised:
         key[i] = _INT32[0] <= args[i] < _INT32[1]
+    for i in layout.ints:
+        key[i] = _int_key(args[i])
     key.append(layout.types)
     return tuple(key), call
 

@@ -69,6 +69,8 @@ def test_specialisation_key_follows_what_triton_specialises_on():
     assert key(x[1:], 16, 5, 0.5, None, None) != base  # a data pointer off 16-byte alignment
     assert key(x.half(), 16, 5, 0.5, None, None) != base  # another dtype
     assert key(x, 17, 5, 0.5, None, None) != base  # divisibility by 16
+    assert key(x, 48, 5, 0.5, None, None) == base  # another multiple of 16: the same kernel
+    assert key(x, 2**40, 5, 0.5, None, None) != base  # a 64-bit int
     assert key(x, 1, 5, 0.5, None, None) != key(x, True, 5, 0.5, None, None)  # 1 is a constexpr, True a u1
     assert key(x, 16, 2**40, 0.5, None, None) != base  # an unspecialised int past 32 bits
     assert key(torch.nn.Parameter(x), 16, 5, 0.5, None, None) == base  # a tensor subclass as a tensor
@@ -82,6 +84,19 @@ def test_specialisation_key_follows_what_triton_specialises_on():
     assert key(x, 16, 5, 0.5, None, desc) != key(x, 16, 5, 0.5, None, wider)
     # The key holds no tensor (the cache must not keep activations alive).
     assert not any(isinstance(part, torch.Tensor) for part in key(x, 16, 5, 0.5, None, desc))
+
+
+def test_int_keys_equal_triton_s_own_specialisation():
+    """Two ints share a key exactly where triton's native_specialize_impl gives them the same
+    specialisation (type and divisibility, or the constexpr 1)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    values = [0, 1, 2, 15, 16, 17, 32, 48, -1, -16, 2**31 - 16, 2**31, 2**31 + 1, 2**40, 2**63, 2**63 + 16]
+    triton_key = {v: native_specialize_impl(BaseBackend, v, False, True, True) for v in values}
+    for a in values:
+        for b in values:
+            assert (launcher._int_key(a) == launcher._int_key(b)) == (triton_key[a] == triton_key[b]), (a, b)
 
 
 @pytest.mark.parametrize("unchecked", [True, False])
@@ -125,9 +140,11 @@ def test_launch_calls_the_cached_kernel_with_triton_s_arguments(fast):
                                                                        ((9, 2, 1), (16, 64, False))]
     # Anything triton would specialise differently compiles (here: goes through kernel[grid]) again.
     launcher.launch(kernel, (7,), cfg, x[1:], 16, BLOCK=64, TMA=False)
-    launcher.launch(kernel, (7,), cfg, x, 32, BLOCK=64, TMA=False)
+    launcher.launch(kernel, (7,), cfg, x, 17, BLOCK=64, TMA=False)
     launcher.launch(kernel, (7,), cfg, x, 16, BLOCK=128, TMA=False)
     launcher.launch(kernel, (7,), TileConfig(64, 32, 8, 3), x, 16, BLOCK=64, TMA=False)
+    assert len(kernel.compiles) == 5
+    launcher.launch(kernel, (7,), cfg, x, 32, BLOCK=64, TMA=False)  # 32 specialises as 16 does: no compile
     assert len(kernel.compiles) == 5
 
 

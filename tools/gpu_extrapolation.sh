@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The length-extrapolation measurement (docs/design/decoding.md, "RoPE past the training length"),
+# in one GPU call of about 6 minutes: a DNA LM trained at 4,096 bases, evaluated at up to 262,144
+# with plain RoPE, position interpolation and NTK scaling.
+#   yeast: trained on 14 of the 16 chromosomes, scored on the held-out chrXV and chrXVI;
+#   chloroplast: trained on its first 80% (123,582 bp), scored on bases of the last 20%.
+# Needs ../shared/data (carried as .carry/shared-data by tools/device_carry.sh). Results go to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source tools/device_env.sh
+out=${OUT:-benchmarks/results}
+work=$(mktemp -d)
+python3 - "$work" <<'PY'
+import sys
+import pyfaidx
+work = sys.argv[1]
+yeast = pyfaidx.Fasta("../shared/data/sacCer_S288C.fa", as_raw=True)
+with open(f"{work}/yeast_train.fa", "w") as f:
+    for name in yeast.keys():
+        if name not in ("chrXV", "chrXVI"):
+            f.write(f">{name}\n{yeast[name][:]}\n")
+plastid = pyfaidx.Fasta("../shared/data/NC_000932.arabidopsis_chloroplast.fa", as_raw=True)
+name = next(iter(plastid.keys()))
+seq = str(plastid[name][:])
+with open(f"{work}/chloroplast_train.fa", "w") as f:
+    f.write(f">{name}_first80\n{seq[:len(seq) * 4 // 5]}\n")
+PY
+G="python3 -m genoflash.cli"
+model=(--task lm --dim 256 --depth 4 --nheads 4 --seq-len 4096 --batch-size 16 --lr 0.002 --warmup-steps 50
+       --eval-every 0 --checkpoint-every 100 --no-progress)
+# A kill by timeout leaves the last checkpoint, which the evaluation loads.
+timeout 200 $G train "${model[@]}" --fasta "$work/yeast_train.fa" --steps 1000 --out-dir "$work/yeast" \
+    > "$out/extrapolation-yeast-train.log" 2>&1 || echo "yeast training ended with $?"
+timeout 60 $G train "${model[@]}" --fasta "$work/chloroplast_train.fa" --steps 200 --out-dir "$work/chloroplast" \
+    > "$out/extrapolation-chloroplast-train.log" 2>&1 || echo "chloroplast training ended with $?"
+$G bench extrapolation --model "$work/yeast" --fasta ../shared/data/sacCer_S288C.fa --records chrXV,chrXVI \
+    --contexts 4096,16384,65536,262144 --per-record 8 --tag yeast --out "$out"
+$G bench extrapolation --model "$work/chloroplast" --fasta ../shared/data/NC_000932.arabidopsis_chloroplast.fa \
+    --contexts 4096,16384,65536,150000 --per-record 1 --tag chloroplast --out "$out"
