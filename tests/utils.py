@@ -46,7 +46,7 @@ def reference_pair(q, k, v, dout, causal=False, softmax_scale=None, fn=None):
     return truth, same
 
 
-def assert_within_rule(got, truth, same, names=("out", "dq", "dk", "dv")):
+def assert_within_rule(got, truth, same, names=("out", "dq", "dk", "dv"), factor=2.0):
     for name, g, t, s in zip(names, got, truth, same):
         assert g.shape == t.shape, f"{name}: shape {tuple(g.shape)} != {tuple(t.shape)}"
         assert g.dtype == s.dtype, f"{name}: dtype {g.dtype} != {s.dtype}"
@@ -54,5 +54,5 @@ def assert_within_rule(got, truth, same, names=("out", "dq", "dk", "dv")):
         err = (g.double() - t).abs().max().item()
         err_std = (s.double() - t).abs().max().item()
         eps = EPS[g.dtype] * max(t.abs().max().item(), 1.0)
-        assert err <= 2 * err_std + eps, (
-            f"{name}: error {err:.3e} > 2 x standard attention's {err_std:.3e} + eps {eps:.1e}")
+        assert err <= factor * err_std + eps, (
+            f"{name}: error {err:.3e} > {factor:g} x standard attention's {err_std:.3e} + eps {eps:.1e}")

@@ -30,10 +30,14 @@ G="python3 -m genoflash.cli"
 model=(--task lm --dim 256 --depth 4 --nheads 4 --seq-len 4096 --batch-size 16 --lr 0.002 --warmup-steps 50
        --eval-every 0 --checkpoint-every 100 --no-progress)
 # A kill by timeout leaves the last checkpoint, which the evaluation loads.
-timeout 200 $G train "${model[@]}" --fasta "$work/yeast_train.fa" --steps 1000 --out-dir "$work/yeast" \
+timeout 200 $G train "${model[@]}" --fasta "$work/yeast_train.fa" --steps 3000 --out-dir "$work/yeast" \
     > "$out/extrapolation-yeast-train.log" 2>&1 || echo "yeast training ended with $?"
 timeout 60 $G train "${model[@]}" --fasta "$work/chloroplast_train.fa" --steps 200 --out-dir "$work/chloroplast" \
     > "$out/extrapolation-chloroplast-train.log" 2>&1 || echo "chloroplast training ended with $?"
+for run in yeast chloroplast; do  # the runs' settings and per-step logs, beside the results
+    cp "$work/$run/config.yaml" "$out/extrapolation-$run-config.yaml"
+    cp "$work/$run/log.jsonl" "$out/extrapolation-$run-log.jsonl"
+done
 $G bench extrapolation --model "$work/yeast" --fasta ../shared/data/sacCer_S288C.fa --records chrXV,chrXVI \
     --contexts 4096,16384,65536,262144 --per-record 8 --tag yeast --out "$out"
 $G bench extrapolation --model "$work/chloroplast" --fasta ../shared/data/NC_000932.arabidopsis_chloroplast.fa \

@@ -84,16 +84,19 @@ def _decode_step(q, k, v, attention_mask, scaling, window, softcap):
     view of its (batch, heads, kv_len, dim) tensors): the split-KV decoding kernel, with the padding
     mask read by the kernel, key by key, so the step neither copies the cache nor waits on the host.
     Padded slots are skipped and windows count positions, as eager attention does."""
-    from ..ops.attention.decode import decode_attention  # the triton backend only
+    from ..ops.attention.decode import decode_attention, decode_attention_op  # the triton backend only
 
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     if q.dtype != k.dtype or k.dtype != v.dtype:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     mask = None if attention_mask is None else attention_mask[:, -k.shape[1]:]
-    out, _ = decode_attention(q, k, v, None, k.shape[1], softmax_scale=check_scale(scaling, q.shape[-1]),
-                              window_left=window[0], window_right=0 if window[0] >= 0 else -1,
-                              softcap=check_softcap(softcap), key_mask=mask)
-    return out
+    scale, left, cap = check_scale(scaling, q.shape[-1]), window[0], check_softcap(softcap)
+    right = 0 if left >= 0 else -1  # one query, the last position: nothing lies right of it
+    if torch.compiler.is_compiling():  # a static cache's step, compiled by transformers: one graph node
+        return decode_attention_op(q, k, v, None, k.shape[1], scale, left, right, cap, None, None, None, None, mask,
+                                   0)[0]
+    return decode_attention(q, k, v, None, k.shape[1], softmax_scale=scale, window_left=left, window_right=right,
+                            softcap=cap, key_mask=mask)[0]
 
 
 def _common_dtype(module: torch.nn.Module, q, k, v):

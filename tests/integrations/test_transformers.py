@@ -99,6 +99,29 @@ def test_decoding_steps_match_eager_logits(device, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+def test_decoding_step_compiles_as_one_graph(device):
+    """transformers compiles a static cache's decoding step: the step traces without a graph break
+    (the kernels behind one custom op) and equals the eager step."""
+    from genoflash.integrations.transformers import genoflash_attention_forward
+
+    torch.manual_seed(15)
+    module = torch.nn.Linear(1, 1).to(device)
+    module.is_causal = True
+    q = torch.randn(2, 4, 1, 16, device=device)
+    k, v = (torch.randn(2, 2, 40, 16, device=device) for _ in range(2))
+    mask = torch.ones(2, 40, dtype=torch.bool, device=device)
+    mask[0, :7] = False
+
+    def step(q, k, v, mask):
+        return genoflash_attention_forward(module, q, k, v, mask, scaling=0.25)[0]
+
+    with genoflash.use_backend("triton"):
+        want = step(q, k, v, mask)
+        torch._dynamo.reset()
+        got = torch.compile(step, backend="eager", fullgraph=True)(q, k, v, mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_sliding_window_generation_matches_eager(device):
     """Decoding past a sliding window (8 tokens, prompts of 12 with left padding): the window counts
     positions, as eager's mask does."""

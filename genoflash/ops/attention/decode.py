@@ -26,6 +26,7 @@ The split count and tile sizes come from measurements (docs/design/decoding.md).
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -285,3 +286,26 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             BLOCK_DV=max(16, next_power_of_2(headdim_v)),
         )
     return out, lse
+
+
+@torch.library.custom_op("genoflash::decode_attention", mutates_args=())
+def decode_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        seqlens_k: Optional[torch.Tensor], max_seqlen_k: int, softmax_scale: float, window_left: int,
+                        window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor],
+                        leftpad: Optional[torch.Tensor], cache_rows: Optional[torch.Tensor],
+                        block_table: Optional[torch.Tensor], key_mask: Optional[torch.Tensor],
+                        num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """decode_attention as one graph node, for callers traced by torch.compile (transformers
+    compiles a static cache's decoding step): Dynamo cannot trace the launch code
+    (docs/design/custom-ops.md)."""
+    return decode_attention(q, k_cache, v_cache, seqlens_k, max_seqlen_k, softmax_scale=softmax_scale,
+                            window_left=window_left, window_right=window_right, softcap=softcap,
+                            alibi_slopes=alibi_slopes, leftpad=leftpad, cache_rows=cache_rows,
+                            block_table=block_table, key_mask=key_mask, num_splits=num_splits)
+
+
+@decode_attention_op.register_fake
+def _(q, k_cache, v_cache, *rest):
+    batch, seqlen_q, nheads, _ = q.shape
+    return (q.new_empty(batch, seqlen_q, nheads, v_cache.shape[-1]),
+            q.new_empty(batch, nheads, seqlen_q, dtype=torch.float32))

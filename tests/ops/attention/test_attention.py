@@ -81,7 +81,12 @@ def test_any_head_dim(backend, headdim, headdim_v, causal, dtype, device):
     with genoflash.use_backend(backend):
         got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal), q, k, v, dout)
     truth, same = reference_pair(q, k, v, dout, causal)
-    assert_within_rule(got, truth, same)
+    # One channel in bfloat16: the backward's delta = rowsum(dO * O) reads the output rounded to
+    # bfloat16, whose 2^-8 relative error reaches dS whole, with no second channel to average it
+    # (standard attention's backward sums P * dP unrounded). FlashAttention's backward shares this;
+    # measured on an H100 (2026-12-05): dq 3.5 x standard attention's error, on both backends.
+    factor = 4.0 if dtype == torch.bfloat16 and headdim == 1 else 2.0
+    assert_within_rule(got, truth, same, factor=factor)
 
 
 def test_kernels_see_head_dims_in_multiples_of_8(monkeypatch, device):
