@@ -36,9 +36,11 @@ timeout 60 $G train "${model[@]}" --fasta "$work/chloroplast_train.fa" --steps 2
     > "$out/extrapolation-chloroplast-train.log" 2>&1 || echo "chloroplast training ended with $?"
 for run in yeast chloroplast; do  # the runs' settings and per-step logs, beside the results
     cp "$work/$run/config.yaml" "$out/extrapolation-$run-config.yaml"
-    cp "$work/$run/log.jsonl" "$out/extrapolation-$run-log.jsonl"
+    # every 100th step and the evaluations (the whole log is thousands of lines)
+    python3 -c "import json,sys; [print(l, end='') for l in open(sys.argv[1]) if 'eval' in l or json.loads(l).get('step', 1) % 100 == 0]" \
+        "$work/$run/log.jsonl" > "$out/extrapolation-$run-log.jsonl"
 done
 $G bench extrapolation --model "$work/yeast" --fasta ../shared/data/sacCer_S288C.fa --records chrXV,chrXVI \
-    --contexts 4096,16384,65536,262144 --per-record 8 --tag yeast --out "$out"
+    --contexts 4096,16384,65536,262144 --target 4000 --per-record 8 --tag yeast --out "$out"
 $G bench extrapolation --model "$work/chloroplast" --fasta ../shared/data/NC_000932.arabidopsis_chloroplast.fa \
-    --contexts 4096,16384,65536,150000 --per-record 1 --tag chloroplast --out "$out"
+    --contexts 4096,16384,65536,150000 --target 4000 --per-record 1 --tag chloroplast --out "$out"

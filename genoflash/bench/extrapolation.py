@@ -104,8 +104,8 @@ def main(argv: list[str]) -> int:
 
     device = torch.device(args.device)
     contexts = sorted(int(c) for c in args.contexts.split(","))
-    if contexts[0] < args.target:
-        parser.error(f"every context must hold the --target bases ({args.target}), got {contexts[0]}")
+    if contexts[0] <= args.target:  # the first scored base needs one base before it
+        parser.error(f"every context must exceed --target ({args.target}), got {contexts[0]}")
     train_len = int(yaml.safe_load((Path(args.model) / "config.yaml").read_text())["seq_len"])
     model = load_trained_model(args.model).to(device).eval()
     fasta = pyfaidx.Fasta(args.fasta, as_raw=True)
