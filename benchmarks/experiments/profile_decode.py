@@ -1,3 +1,7 @@
+"""Probe (cited by docs/design/decoding.md): how a decoding step's GPU time splits between the
+split-KV kernel and the combine kernel (torch profiler, GQA 32:8 at 131,072 keys), and the host
+time of one decode_attention call where the GPU work is short (512 and 4,096 keys). On a GPU:
+`python3 benchmarks/experiments/profile_decode.py`."""
 import torch
 from torch.profiler import profile, ProfilerActivity
 from genoflash.ops.attention import decode
