@@ -36,12 +36,6 @@ class CacheLayout:
     leftpad_t: torch.Tensor | None  # (batch,) cache_leftpad, None for none
     rows_t: torch.Tensor | None     # (batch,) cache_batch_idx, None for rows 0 .. batch - 1
 
-    @property
-    def read(self) -> bool:
-        """Whether every index value is known (and checked) on the host."""
-        return self.seqlens is not None and self.leftpad is not None and (self.pages is not None or
-                                                                          self.rows is not None)
-
     def ends(self) -> list[int]:
         return [n + self.seqlen_new for n in self.seqlens]
 
