@@ -9,7 +9,7 @@ provider runs on the same values in one process; times are medians of `triton.te
     sdpa-flash, sdpa-cudnn, sdpa-efficient
                        F.scaled_dot_product_attention on (batch, heads, N, dim) tensors, enable_gqa
     floor              the bytes of K and V read once, at the device-to-device copy rate
-                       (bytes read + written per second, as the mixers' bench measures it)
+                       (bytes read + written per second: mixers.copy_bandwidth_gbps)
 Every output is compared with sdpa-flash's, or the first SDPA that ran (max abs difference).
 
 --sweep times the split kernel over tile shapes and split targets instead (decode.py's module
@@ -29,6 +29,7 @@ from .. import settings
 from ..ops.attention import flash_attn_with_kvcache
 from .common import (RESULTS_DIR, median_ms, pyplot, results_stem, run_metadata, save_figure, title_stamp,
                      write_json)
+from .mixers import copy_bandwidth_gbps
 
 CUDA = torch.device("cuda")
 PAGE = 256
@@ -41,15 +42,6 @@ CASES = {
     "mha-1m": (1, 1048576, 32, 32),
 }
 HEADDIM = 128
-
-
-def copy_rate_gbps(gib: float = 2.0) -> float:
-    """Device-to-device copy rate, bytes read + written per second."""
-    x = torch.empty(int(gib * 2**30) // 4, device=CUDA, dtype=torch.float32)
-    y = torch.empty_like(x)
-    y.copy_(x)
-    ms = median_ms(lambda: y.copy_(x), CUDA)
-    return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
 
 
 def _paged(k: torch.Tensor, v: torch.Tensor):
@@ -200,7 +192,7 @@ def main(argv: list[str]) -> int:
     unknown = [c for c in args.cases.split(",") if c not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
-    floor_gbps = copy_rate_gbps()
+    floor_gbps = copy_bandwidth_gbps(CUDA)
     metadata = run_metadata(CUDA, dtype="bf16", copy_rate_gbps=floor_gbps,
                             method="do_bench median (L2 cleared between calls); floor = K+V bytes / copy rate")
     if args.sweep:

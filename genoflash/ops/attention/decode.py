@@ -218,7 +218,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                      leftpad: torch.Tensor | None = None, cache_rows: torch.Tensor | None = None,
                      block_table: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
-                     num_splits: int = 0, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (batch, seqlen_q, nheads, headdim) against keys read in place from a cache.
 
     k_cache, v_cache: (batch_cache, capacity, nheads_k, headdim[_v]) with any strides but the
@@ -238,8 +238,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     row_blocks = cdiv(rows, block_m)
     if num_splits <= 0:
         num_splits = choose_splits(batch * nheads_k * row_blocks, max_seqlen_k, q.device)
-    if out is None:
-        out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
+    out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     split = num_splits > 1
     if split:  # one allocation for both partials (a decoding step's host time counts)
