@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.fasta import FastaFile
 from ..data.tokenizer import A_ID, T_ID, encode
 from ..layers.attention import RotaryTables
 from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
@@ -97,7 +98,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
-    import pyfaidx
     import yaml
 
     from ..train import load_trained_model
@@ -108,12 +108,12 @@ def main(argv: list[str]) -> int:
         parser.error(f"every context must exceed --target ({args.target}), got {contexts[0]}")
     train_len = int(yaml.safe_load((Path(args.model) / "config.yaml").read_text())["seq_len"])
     model = load_trained_model(args.model).to(device).eval()
-    fasta = pyfaidx.Fasta(args.fasta, as_raw=True)
-    names = args.records.split(",") if args.records else list(fasta.keys())
+    fasta = FastaFile(args.fasta)  # its index goes to the user's cache, never beside a packaged genome
+    names = args.records.split(",") if args.records else fasta.contigs
     missing = [n for n in names if n not in fasta]
     if missing:
         parser.error(f"--records: {', '.join(missing)} not in {args.fasta}")
-    tokens = {n: encode(str(fasta[n][:]), name=n) for n in names}
+    tokens = {n: encode(fasta.fetch(n, 0, fasta.contig_length(n)), name=n) for n in names}
     ends = window_ends({n: len(t) for n, t in tokens.items()}, contexts[-1], args.per_record)
     if not ends:
         parser.error(f"no record is as long as the longest context ({contexts[-1]})")

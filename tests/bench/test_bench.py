@@ -349,11 +349,13 @@ def test_bench_decode_plot_reads_its_report(tmp_path):
     assert (tmp_path / "d.png").stat().st_size > 0
 
 
-def test_bench_extrapolation_scores_the_same_bases_at_every_context(tmp_path):
+def test_bench_extrapolation_scores_the_same_bases_at_every_context(tmp_path, monkeypatch):
     """A tiny LM trained at 64 bases, scored at 128 and 256: every context and RoPE setting scores the
     same windows' last bases; at the training length the three settings are the same tables, past it
-    interpolation and NTK change the answer."""
+    interpolation and NTK change the answer. The packaged genome's directory gets no index."""
     from genoflash.data.examples import resolve_fasta
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
     run = tmp_path / "run"
     assert main(["train", "--task", "lm", "--fasta", "yersinia-plasmid", "--dim", "16", "--depth", "1", "--nheads", "2",
@@ -368,3 +370,5 @@ def test_bench_extrapolation_scores_the_same_bases_at_every_context(tmp_path):
     assert bits[(64, "plain")] == bits[(64, "pi")] == bits[(64, "ntk")]
     assert bits[(256, "pi")] != bits[(256, "plain")] and bits[(256, "ntk")] != bits[(256, "plain")]
     assert all(0 < b < 8 for b in bits.values())
+    genome = resolve_fasta("yersinia-plasmid")
+    assert not (genome.parent / (genome.name + ".fai")).exists()
