@@ -9,8 +9,14 @@ chromosome has no context and is not scored.
 Variants (equal-length REF and ALT: SNVs and MNVs): one window per site, ending context // 2 bases
 past the variant (or at the chromosome's end) and holding up to `context` bases. The ratio is
 sum over t >= pos of log P_alt(x'_t | x'_<t) - log P_ref(x_t | x_<t): the bases before the variant
-score the same under both alleles, in a causal model. The reference window is shared by every
-allele at one site. Indels are reported and not scored (their windows would differ in length).
+score the same under both alleles, in a causal model. Indels are reported and not scored (their
+windows would differ in length).
+
+With a KV cache (a causal LM of attention layers, `DNALM.supports_kv_cache`), the window's bases
+before the variant run once per site, into the cache, and the reference and every alternative allele
+continue from a copy of it: a site with k alleles costs prefix + (k + 1) x suffix tokens instead of
+(k + 1) x window. Other models (Hyena, Mamba) run each allele's whole window; the reference window is
+shared by every allele at one site.
 """
 
 from __future__ import annotations
@@ -71,6 +77,42 @@ def window_logliks(model: torch.nn.Module, windows: list[str], device: torch.dev
     return out
 
 
+@torch.no_grad()
+def continuation_logliks(model: torch.nn.Module, prefixes: list[str], continuations: list[tuple[int, str]],
+                         device: torch.device) -> list[np.ndarray]:
+    """For each (i, c) of `continuations`, float64 ll with ll[j] = log P(c[j] | prefixes[i] + c[:j])
+    (ll[0] is NaN where prefixes[i] is empty). Each prefix runs once, into a KV cache that each of
+    its continuations copies; prefixes of one length with continuations of one length run as one
+    batch. The model must support a KV cache (`DNALM.supports_kv_cache`)."""
+    out: list[np.ndarray | None] = [None] * len(continuations)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for j, (i, c) in enumerate(continuations):
+        groups.setdefault((len(prefixes[i]), len(c)), []).append(j)
+    autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for (p_len, c_len), members in groups.items():
+        sites = sorted({continuations[j][0] for j in members})
+        row_of_site = {i: r for r, i in enumerate(sites)}
+        rows = torch.tensor([row_of_site[continuations[j][0]] for j in members])
+        cont = torch.stack([encode(continuations[j][1]) for j in members]).to(device).long()
+        first = torch.full((len(members),), math.nan, dtype=torch.float64, device=device)
+        with torch.autocast(**autocast):
+            if p_len:
+                caches = model.new_kv_cache(len(sites), p_len)
+                prefix = torch.stack([encode(prefixes[i]) for i in sites]).to(device)
+                last = torch.log_softmax(model(prefix, kv_cache=caches)["logits"][:, -1].float(), dim=-1)
+                first = last[rows.to(device)].gather(-1, cont[:, :1])[:, 0].double()  # c[0] given the prefix
+                caches = [c.select(rows, p_len + c_len) for c in caches]
+            else:
+                caches = model.new_kv_cache(len(members), c_len)
+            logits = model(cont, kv_cache=caches)["logits"]
+        logp = torch.log_softmax(logits.float(), dim=-1)[:, :-1]            # predictions for c[1:]
+        rest = logp.gather(-1, cont[:, 1:, None])[..., 0].double()
+        ll = torch.cat([first[:, None], rest], dim=1).cpu().numpy()
+        for row, j in enumerate(members):
+            out[j] = ll[row]
+    return out
+
+
 def base_windows(length: int, start: int, end: int, context: int, stride: int) -> Iterator[tuple[int, int, int]]:
     """(window start, first target, end) of the windows covering targets [max(start, 1), end) of a
     sequence of `length`: targets [t0, t1) are read in the window [max(0, t1 - context), t1)."""
@@ -106,13 +148,40 @@ def variant_window(variant: Variant, length: int, context: int) -> tuple[int, in
 
 
 def score_variants(model, fasta: FastaFile, variants: list[Variant], context: int, batch_size: int,
-                   device: torch.device, progress=None) -> Iterator[VariantScore]:
-    """One VariantScore per variant, in input order."""
+                   device: torch.device, progress=None, kv_cache: bool | None = None) -> Iterator[VariantScore]:
+    """One VariantScore per variant, in input order. kv_cache: run each site's bases before the
+    variant once, into a KV cache (default: when the model supports one); False runs every allele's
+    whole window."""
     check_causal_lm(model)
     check_context(model, context)
+    supported = bool(getattr(model, "supports_kv_cache", False))
+    if kv_cache and not supported:
+        raise ValueError("kv_cache=True needs a causal LM of attention layers (DNALM.supports_kv_cache)")
+    cached = supported if kv_cache is None else kv_cache
     pending: list[tuple[Variant, tuple[str, int, int]]] = []
 
+    def flush_cached():
+        # one prefix per (window, variant position); the reference continuation shared by its alleles
+        sites = sorted({(chrom, a, variant.pos, e) for variant, (chrom, a, e) in pending})
+        index = {site: i for i, site in enumerate(sites)}
+        prefixes = [fasta.fetch(chrom, a, pos) for chrom, a, pos, _ in sites]
+        refs = [fasta.fetch(chrom, pos, e) for chrom, _, pos, e in sites]
+        continuations = list(enumerate(refs))
+        for variant, (chrom, a, e) in pending:
+            i = index[(chrom, a, variant.pos, e)]
+            continuations.append((i, variant.alt + refs[i][len(variant.ref):]))
+        lls = continuation_logliks(model, prefixes, continuations, device)
+        for (variant, (chrom, a, e)), alt_ll in zip(pending, lls[len(sites):]):
+            ref_ll = lls[index[(chrom, a, variant.pos, e)]]
+            yield VariantScore(variant, float(np.nansum(alt_ll - ref_ll)), "ok")
+        if progress is not None:
+            progress(len(pending))
+        pending.clear()
+
     def flush():
+        if cached:
+            yield from flush_cached()
+            return
         sites = sorted({site for _, site in pending})
         references = {site: fasta.fetch(*site) for site in sites}
         alleles = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.attention import MAX_HEADDIM, flash_attn_func, flash_attn_varlen_func
+from ..ops.attention import MAX_HEADDIM, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from ..ops.rotary import apply_rotary_emb, rotary_tables
 
 
@@ -29,6 +29,60 @@ class RotaryTables(nn.Module):
                                    device=device, dtype=dtype)
             self._cache[key] = cached
         return cached
+
+
+class KVCache:
+    """One attention layer's keys and values of the tokens seen so far, for inference in chunks
+    (chunked prefill, then continuations): (batch, capacity, nheads_k, head_dim) buffers, filled
+    up to `seqlen` tokens in every row.
+
+    The buffers are allocated at the layer's first call, in the dtype its keys come in (so under
+    autocast, the autocast dtype). `MultiHeadAttention.forward(x, kv_cache=cache)` appends x's
+    keys at slots seqlen .. seqlen + x.shape[1] and advances seqlen."""
+
+    def __init__(self, batch: int, capacity: int):
+        for name, value in (("batch", batch), ("capacity", capacity)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.batch, self.capacity, self.seqlen = batch, capacity, 0
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def append_room(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Allocate the buffers for keys like k and values like v (batch, n, nheads_k, d) on first
+        use; refuse keys that do not fit the batch, the capacity or the buffers."""
+        if k.shape[0] != self.batch:
+            raise ValueError(f"kv_cache holds {self.batch} sequences, but x has batch {k.shape[0]}")
+        if self.seqlen + k.shape[1] > self.capacity:
+            raise ValueError(f"kv_cache: {self.seqlen} cached + {k.shape[1]} new tokens exceed its capacity "
+                             f"{self.capacity}")
+        if self.k is None:
+            self.k = k.new_empty(self.batch, self.capacity, *k.shape[2:])
+            self.v = v.new_empty(self.batch, self.capacity, *v.shape[2:])
+        elif self.k.dtype != k.dtype or self.k.device != k.device or self.k.shape[2:] != k.shape[2:]:
+            raise ValueError(f"kv_cache holds {self.k.dtype} keys of shape (..., {tuple(self.k.shape[2:])}) on "
+                             f"{self.k.device}; this call's are {k.dtype} (..., {tuple(k.shape[2:])}) on {k.device}")
+
+    def select(self, rows: torch.Tensor, capacity: int | None = None) -> "KVCache":
+        """A new cache whose row i is a copy of row rows[i] of this one (rows may repeat: several
+        continuations of one prefix), with room for `capacity` tokens (default this one's)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        capacity = self.capacity if capacity is None else capacity
+        if rows.dim() != 1 or rows.numel() == 0:
+            raise ValueError("rows must be a non-empty 1-D index of cache rows")
+        if int(rows.min()) < 0 or int(rows.max()) >= self.batch:
+            raise ValueError(f"rows must index this cache's {self.batch} rows, got {int(rows.min())}..{int(rows.max())}")
+        if capacity < self.seqlen:
+            raise ValueError(f"capacity ({capacity}) must hold the {self.seqlen} cached tokens")
+        new = KVCache(rows.numel(), capacity)
+        new.seqlen = self.seqlen
+        if self.k is not None:
+            index = rows.to(self.k.device)
+            new.k = self.k.new_empty(new.batch, capacity, *self.k.shape[2:])
+            new.v = self.v.new_empty(new.batch, capacity, *self.v.shape[2:])
+            new.k[:, :self.seqlen] = self.k[index, :self.seqlen]
+            new.v[:, :self.seqlen] = self.v[index, :self.seqlen]
+        return new
 
 
 class MultiHeadAttention(nn.Module):
@@ -91,10 +145,12 @@ class MultiHeadAttention(nn.Module):
         return self.rotary(seqlen, q.device, dtype)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-                max_seqlen: int | None = None) -> torch.Tensor:
+                max_seqlen: int | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
         q = self.q_proj(x).view(*lead, self.nheads, self.head_dim)
         k, v = self.kv_proj(x).view(*lead, 2, self.nheads_k, self.head_dim).unbind(-3)
+        if kv_cache is not None:
+            return self.out_proj(self._cached(q, k, v, cu_seqlens, kv_cache).reshape(*lead, -1))
         if self.context_parallel is not None:
             if cu_seqlens is not None:
                 raise ValueError("context parallelism shards one sequence per batch row; packed varlen input "
@@ -117,3 +173,27 @@ class MultiHeadAttention(nn.Module):
         else:
             out = flash_attn_func(q, k, v, **kw)
         return self.out_proj(out.reshape(*lead, self.nheads * self.head_dim))
+
+    def _cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor | None,
+                cache: KVCache) -> torch.Tensor:
+        """x's tokens continue the cached sequences: they sit at positions cache.seqlen onwards (RoPE),
+        see the cached keys and each other (causal, bottom-right: the last query row sees every
+        key), and their keys and values are appended to the cache."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"kv_cache must be a genoflash KVCache, got {type(cache).__name__}")
+        if cu_seqlens is not None or q.dim() != 4:
+            raise ValueError("kv_cache takes a (batch, seqlen, dim) batch, not a packed one")
+        if not self.causal:
+            raise ValueError("kv_cache continues sequences left to right: it needs a causal layer")
+        if self.context_parallel is not None:
+            raise ValueError("kv_cache and context parallelism exclude each other")
+        cache.append_room(k, v)
+        offset = cache.seqlen
+        if self.rotary is not None:  # the separate pass, fused or not: same positions, same angles
+            cos, sin = self.rotary_tables_for(offset + q.shape[1], q)
+            q = apply_rotary_emb(q, cos, sin, self.rotary_interleaved, seqlen_offsets=offset)
+            k = apply_rotary_emb(k, cos, sin, self.rotary_interleaved, seqlen_offsets=offset)
+        out = flash_attn_with_kvcache(q, cache.k, cache.v, k.contiguous(), v.contiguous(), cache_seqlens=offset,
+                                      causal=True, window_size=self.window_size, softcap=self.softcap)
+        cache.seqlen = offset + q.shape[1]
+        return out

@@ -60,6 +60,8 @@ class PreNormBlock(nn.Module):
         self.ffn_norm, self.ffn = RMSNorm(dim), SwiGLU(dim, ffn_hidden)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-                max_seqlen: int | None = None) -> torch.Tensor:
-        x = x + self.mixer(self.mixer_norm(x), cu_seqlens, max_seqlen)
+                max_seqlen: int | None = None, kv_cache=None) -> torch.Tensor:
+        # kv_cache (inference in chunks) goes to mixers that keep one: attention's KVCache
+        extra = {} if kv_cache is None else {"kv_cache": kv_cache}
+        x = x + self.mixer(self.mixer_norm(x), cu_seqlens, max_seqlen, **extra)
         return x + self.ffn(self.ffn_norm(x))

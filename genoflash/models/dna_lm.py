@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..data import IGNORE_INDEX, VOCAB_SIZE
-from ..layers import BiMamba, HyenaOperator, Mamba, MultiHeadAttention
+from ..layers import BiMamba, HyenaOperator, KVCache, Mamba, MultiHeadAttention
 from ..padding import pad_input, unpad_input
 from .blocks import PreNormBlock, RMSNorm, swiglu_hidden
 from .outputs import LMOutput
@@ -186,6 +186,12 @@ class DNALM(nn.Module):
     Packed batches: tokens (total,) with int32 `cu_seqlens` (batch + 1,) prefix sums;
     sequences never attend to each other, and RoPE positions restart per sequence.
 
+    Inference in chunks (a causal LM of attention layers): `new_kv_cache(batch, capacity)` gives
+    one `KVCache` per layer; `model(tokens, kv_cache=caches)` then reads tokens (batch, n) as the
+    continuation of the cached sequences (RoPE positions go on from the cached count) and appends
+    their keys. Prefill a shared prefix once, `KVCache.select` its rows for each continuation, and
+    the logits equal a full forward's over prefix + continuation, to rounding.
+
     Padded batches: `attention_mask` (batch, seqlen), true (or 1) at real tokens. Padding is
     never seen by a real token, and never counted in the loss; its logits are 0. A model of
     attention layers packs the real tokens (padding costs no compute, RoPE positions start at
@@ -214,7 +220,8 @@ class DNALM(nn.Module):
 
     def forward(self, tokens: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None, *,
-                input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> LMOutput:
+                input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                kv_cache: list[KVCache] | None = None) -> LMOutput:
         if (tokens is None) == (input_ids is None):
             raise TypeError("DNALM takes the token ids as tokens or as input_ids, one of the two; got "
                             + ("both" if tokens is not None else "neither"))
@@ -230,8 +237,39 @@ class DNALM(nn.Module):
             mask = attention_mask.bool()
             if not bool(mask.all()):  # an all-true mask is the plain batch
                 return self._forward_padded(tokens, labels, mask)
-        logits = self._logits(tokens, cu_seqlens, max_seqlen)
+        if kv_cache is not None:
+            if cu_seqlens is not None or attention_mask is not None or tokens.dim() != 2:
+                raise ValueError("kv_cache takes tokens (batch, n) of one length: no cu_seqlens, no attention_mask")
+            self._check_kv_cache(kv_cache)
+            x = self.embed(tokens)
+            for block, cache in zip(self.blocks, kv_cache):
+                x = block(x, kv_cache=cache)
+            logits = self.lm_head(self.norm(x))
+        else:
+            logits = self._logits(tokens, cu_seqlens, max_seqlen)
         return LMOutput(loss=_loss(logits, labels), logits=logits)
+
+    @property
+    def supports_kv_cache(self) -> bool:
+        """A causal LM of attention layers only (Hyena and Mamba layers keep no KV cache)."""
+        return self.config.causal and set(self.config.layer_letters) <= {"L", "G"}
+
+    def new_kv_cache(self, batch: int, capacity: int) -> list[KVCache]:
+        """One empty KVCache per layer for `batch` sequences of up to `capacity` tokens (the
+        buffers come at the first call, in the dtype and on the device of its keys)."""
+        if not self.supports_kv_cache:
+            raise ValueError(f"a KV cache needs a causal LM of attention layers (G, L); this one is "
+                             f"{'causal' if self.config.causal else 'a masked LM'} with layers "
+                             f"{self.config.layer_letters!r}")
+        return [KVCache(batch, capacity) for _ in self.blocks]
+
+    def _check_kv_cache(self, kv_cache) -> None:
+        if not self.supports_kv_cache:
+            self.new_kv_cache(1, 1)  # raises, saying why
+        if not isinstance(kv_cache, (list, tuple)) or len(kv_cache) != len(self.blocks) \
+                or not all(isinstance(c, KVCache) for c in kv_cache):
+            raise TypeError(f"kv_cache must be a list of {len(self.blocks)} KVCache, one per layer "
+                            f"(DNALM.new_kv_cache)")
 
     def _forward_padded(self, tokens: torch.Tensor, labels: torch.Tensor | None, mask: torch.Tensor) -> LMOutput:
         """A padded batch (mask: true at real tokens, not all true); see the class docstring."""

@@ -73,7 +73,8 @@ def test_per_base_loglik_is_the_models_on_each_window(genome, model, context, st
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_variant_llr_is_the_alt_minus_ref_likelihood_from_the_site_on(genome, model, tmp_path):
+@pytest.mark.parametrize("kv_cache", [None, False])
+def test_variant_llr_is_the_alt_minus_ref_likelihood_from_the_site_on(genome, model, tmp_path, kv_cache):
     path, seqs = genome
     a = seqs["chrA"]
     swap = {"A": "C", "C": "G", "G": "T", "T": "A"}
@@ -94,7 +95,8 @@ def test_variant_llr_is_the_alt_minus_ref_likelihood_from_the_site_on(genome, mo
     assert "ALT '<DEL>'" in skipped[1].reason
     assert skipped[2].reason == "not a VCF record: 1 tab-separated fields, need 5"
     context = 64
-    results = list(score_variants(model, FastaFile(path), variants, context, 2, torch.device("cpu")))
+    results = list(score_variants(model, FastaFile(path), variants, context, 2, torch.device("cpu"),
+                                  kv_cache=kv_cache))
     assert [r.variant.id for r in results] == ["rs1", "rs1", "first", "mnv", "bad_ref", "indel", "nowhere"]
     assert [r.status.split(":")[0] for r in results] == ["ok", "ok", "ok", "ok", "REF mismatch", "indel",
                                                          "chromosome 'chrZ' is not in the FASTA"]
@@ -108,6 +110,43 @@ def test_variant_llr_is_the_alt_minus_ref_likelihood_from_the_site_on(genome, mo
         assert r.llr == pytest.approx(float(np.nansum(diff)), abs=1e-4)
         assert r.llr != 0
     assert math.isnan(results[4].llr)
+
+
+def test_variants_run_each_prefix_once_through_the_kv_cache(genome, model):
+    """With the cache, a site's bases before the variant enter the model once, and every allele only
+    its continuation; the LLRs equal the whole-window ones."""
+    path, seqs = genome
+    a, context = seqs["chrA"], 64
+    swap = {"A": "C", "C": "G", "G": "T", "T": "A"}
+    variants = [Variant("chrA", p, a[p], alt, f"s{p}") for p in (100, 101, 200)
+                for alt in (swap[a[p]], swap[swap[a[p]]], swap[swap[swap[a[p]]]])]
+    fed = []
+    hook = model.embed.register_forward_hook(lambda m, args, out: fed.append(args[0].numel()))
+    try:
+        cached = list(score_variants(model, FastaFile(path), variants, context, 9, torch.device("cpu")))
+        assert sum(fed) == 3 * (context - context // 2 - 1) + (3 + 9) * (context // 2 + 1)
+        fed.clear()
+        windows = list(score_variants(model, FastaFile(path), variants, context, 9, torch.device("cpu"),
+                                      kv_cache=False))
+        assert sum(fed) == (3 + 9) * context
+    finally:
+        hook.remove()
+    np.testing.assert_allclose([r.llr for r in cached], [r.llr for r in windows], rtol=1e-4, atol=1e-4)
+    assert all(r.status == "ok" and r.llr != 0 for r in cached)
+
+
+def test_kv_cache_is_refused_for_a_model_without_one(genome):
+    torch.manual_seed(0)
+    hyena = DNALM(DNALMConfig(dim=32, depth=1, nheads=2, mixer="hyena", hyena_l_max=512)).eval()
+    assert not hyena.supports_kv_cache
+    path, seqs = genome
+    variant = Variant("chrA", 100, seqs["chrA"][100], "A" if seqs["chrA"][100] != "A" else "C", "v")
+    with pytest.raises(ValueError, match="kv_cache=True needs a causal LM of attention layers"):
+        list(score_variants(hyena, FastaFile(path), [variant], 64, 2, torch.device("cpu"), kv_cache=True))
+    (r,) = score_variants(hyena, FastaFile(path), [variant], 64, 2, torch.device("cpu"))  # whole windows
+    assert r.status == "ok" and math.isfinite(r.llr)
+    with pytest.raises(ValueError, match="a KV cache needs a causal LM of attention layers"):
+        hyena.new_kv_cache(1, 8)
 
 
 def test_bed_variants_and_bad_bed_records(tmp_path):

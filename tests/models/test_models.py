@@ -149,6 +149,48 @@ def test_packed_batch_equals_separate_sequences():
     torch.testing.assert_close(packed, separate, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("pattern,nheads_k", [("G", None), ("LG", 1)], ids=["global-mha", "local-global-mqa"])
+def test_chunks_through_the_kv_cache_equal_one_forward(pattern, nheads_k, backend, device):
+    """Prefill, then continuations of odd lengths (1, 17, ...) from copies of the cache: each chunk's
+    logits are the full forward's at its positions (RoPE offsets, causal and window masks across the
+    chunk boundary). On the triton backend the short chunks take the split-KV decoding kernel."""
+    torch.manual_seed(0)
+    model = tiny_lm(layer_pattern=pattern, nheads_k=nheads_k, window_size=7).to(device).eval()
+    prefix = random_bases(1, 29).to(device)
+    tails = random_bases(3, 19).to(device)
+    with torch.no_grad(), genoflash.use_backend(backend):
+        full = model(torch.cat([prefix.expand(3, -1), tails], dim=1))["logits"]
+        caches = model.new_kv_cache(1, 29)
+        torch.testing.assert_close(model(prefix, kv_cache=caches)["logits"], full[:1, :29], rtol=1e-5, atol=1e-5)
+        assert [c.seqlen for c in caches] == [29] * 2
+        caches = [c.select(torch.tensor([0, 0, 0]), 48) for c in caches]
+        got = torch.cat([model(tails[:, :1], kv_cache=caches)["logits"],
+                         model(tails[:, 1:18], kv_cache=caches)["logits"],
+                         model(tails[:, 18:], kv_cache=caches)["logits"]], dim=1)
+    torch.testing.assert_close(got, full[:, 29:], rtol=1e-5, atol=1e-5)
+
+
+def test_kv_cache_misuse_is_named():
+    torch.manual_seed(0)
+    model = tiny_lm().eval()
+    with pytest.raises(ValueError, match="a KV cache needs a causal LM"):
+        tiny_lm(causal=False).new_kv_cache(1, 8)
+    caches = model.new_kv_cache(2, 8)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="kv_cache holds 2 sequences, but x has batch 1"):
+            model(random_bases(1, 4), kv_cache=caches)
+        model(random_bases(2, 5), kv_cache=caches)
+        with pytest.raises(ValueError, match="5 cached \\+ 4 new tokens exceed its capacity 8"):
+            model(random_bases(2, 4), kv_cache=caches)
+        with pytest.raises(TypeError, match="a list of 2 KVCache"):
+            model(random_bases(2, 1), kv_cache=caches[:1])
+    with pytest.raises(ValueError, match="rows must index this cache's 2 rows"):
+        caches[0].select(torch.tensor([2]))
+    with pytest.raises(ValueError, match="capacity \\(4\\) must hold the 5 cached tokens"):
+        caches[0].select(torch.tensor([0]), 4)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("kw,mixers", [
     (dict(mixer="hyena"), ["HyenaMixer", "HyenaMixer"]),

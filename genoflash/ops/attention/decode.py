@@ -41,8 +41,8 @@ from .mask import _visible
 from .score_mods import _alibi_bias, _softcap
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 
-# Tile shape and pipelining of the split kernel, and how finely it splits: chosen on an H100 and
-# an H200 by tools/tune_decode.py (docs/design/decoding.md).
+# Tile shape and pipelining of the split kernel, and how finely it splits: chosen on an H100 by
+# `genoflash bench decode --sweep` (docs/design/decoding.md).
 BLOCK_N = 32
 NUM_WARPS = 4
 NUM_STAGES = 2
