@@ -6,6 +6,9 @@ provider runs on the same values in one process; times are medians of `triton.te
     genoflash          flash_attn_with_kvcache on a contiguous cache, settings(check_indices=False)
     genoflash-checked  the same call with its index values read and checked (the default)
     genoflash-paged    the keys in pages of 256 slots shuffled through a pool (block_table)
+    genoflash-heads-first
+                       the cache in SDPA's (batch, heads, N, dim) memory, read in place through a
+                       transposed view (transformers keeps its cache so)
     sdpa-flash, sdpa-cudnn, sdpa-efficient
                        F.scaled_dot_product_attention on (batch, heads, N, dim) tensors, enable_gqa
     floor              the bytes of K and V read once, at the device-to-device copy rate
@@ -111,6 +114,9 @@ def run_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, f
     for provider, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                               ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):
         add(provider, lambda b=backend: _sdpa(b)(qs, ks, vs).transpose(1, 2))
+    with settings(check_indices=False):  # SDPA's tensors read in place: the same memory layout as SDPA's
+        add("genoflash-heads-first", lambda: flash_attn_with_kvcache(q, ks.transpose(1, 2), vs.transpose(1, 2),
+                                                                     cache_seqlens=lengths))
     ref_name = next((p for p in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") if p in outs), None)
     if ref_name:
         rec["compared_with"] = ref_name
@@ -164,8 +170,8 @@ def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int,
 def plot(report: dict, path: Path) -> None:
     plt = pyplot()
     cases = report["cases"]
-    providers = [p for p in ("genoflash", "genoflash-paged", "genoflash-checked", "sdpa-flash", "sdpa-cudnn",
-                             "sdpa-efficient") if any(p in c["providers"] for c in cases)]
+    providers = [p for p in ("genoflash", "genoflash-heads-first", "genoflash-paged", "genoflash-checked",
+                             "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") if any(p in c["providers"] for c in cases)]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(providers)
     for i, p in enumerate(providers):
