@@ -11,9 +11,11 @@ Coordinates are 0-based and half-open everywhere (as in BED and Python slicing).
 | ``onehot`` | one-hot in ACGT order |
 | ``augment`` | reverse complement, random shift, random reverse complement |
 | ``datasets`` | ``GenomeWindowDataset`` (language modelling), ``IntervalDataset`` (labelled BED) |
+| ``annotations`` | ``AnnotationTrack`` (per-base classes from a BED of features), ``AnnotationWindowDataset`` |
 | ``synthetic`` | the long-range motif-grammar demo task |
 """
 
+from .annotations import AnnotationTrack, AnnotationWindowDataset
 from .augment import (random_reverse_complement, random_shift, reverse_complement,
                       reverse_complement_one_hot, reverse_complement_str, reverse_complement_tokens)
 from .bed import SPLITS, Interval, read_bed, resize, split_by_chrom
@@ -33,6 +35,6 @@ __all__ = [
     "one_hot",
     "reverse_complement", "reverse_complement_str", "reverse_complement_tokens",
     "reverse_complement_one_hot", "random_reverse_complement", "random_shift",
-    "GenomeWindowDataset", "IntervalDataset", "IGNORE_INDEX",
+    "GenomeWindowDataset", "IntervalDataset", "IGNORE_INDEX", "AnnotationTrack", "AnnotationWindowDataset",
     "MarkovBackground", "MotifGrammar", "SyntheticLongRangeDataset", "write_fasta_bed",
 ]

@@ -44,6 +44,9 @@ def check_causal_lm(model: torch.nn.Module) -> None:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "causal") or not hasattr(config, "vocab_size"):
         raise ValueError(f"scoring needs a genoflash DNALM, got {type(model).__name__}")
+    if getattr(config, "num_labels", None) is not None:
+        raise ValueError(f"scoring needs a DNA language model; this one is a per-base classifier "
+                         f"({config.num_labels} classes)")
     if not config.causal:
         raise ValueError("scoring needs a causal DNA LM (per-base likelihoods); this model is a masked LM")
 

@@ -58,6 +58,9 @@ class DNALMConfig:
         gradient_checkpointing: recompute each block in the backward instead of storing
             its activations (training only).
         tie_embeddings: the LM head shares the embedding matrix.
+        num_labels: None for a language model; a number of classes makes the head a per-base
+            classifier instead (token classification: logits (batch, seqlen, num_labels), labels
+            one class id per base), untied from the embedding.
     """
 
     vocab_size: int = VOCAB_SIZE
@@ -80,8 +83,12 @@ class DNALMConfig:
     mamba_d_state: int = 16
     gradient_checkpointing: bool = False
     tie_embeddings: bool = True
+    num_labels: int | None = None
 
     def __post_init__(self):
+        if self.num_labels is not None and (isinstance(self.num_labels, bool) or not isinstance(self.num_labels, int)
+                                            or self.num_labels < 2):
+            raise ValueError(f"num_labels must be None (a language model) or an int >= 2, got {self.num_labels!r}")
         if self.mixer not in MIXER_NAMES:
             raise ValueError(f"unknown mixer {self.mixer!r}; choose one of {', '.join(MIXER_NAMES)}")
         if MIXER_NAMES[self.mixer] is not None:
@@ -170,7 +177,8 @@ def build_mixer(config: DNALMConfig, letter: str) -> nn.Module:
 
 
 class DNALM(nn.Module):
-    """tokens (batch, seqlen) -> LMOutput(loss, logits (batch, seqlen, vocab_size)).
+    """tokens (batch, seqlen) -> LMOutput(loss, logits (batch, seqlen, vocab_size)), or with
+    `config.num_labels` a per-base classifier: logits (batch, seqlen, num_labels).
 
     The token ids come as `tokens` or, with Hugging Face's name, `input_ids` (one of the two).
     `labels` are per-position targets, already aligned: for a causal LM labels[i] is the
@@ -208,14 +216,14 @@ class DNALM(nn.Module):
         self.blocks = nn.ModuleList(PreNormBlock(config.dim, build_mixer(config, letter), ffn_hidden)
                                     for letter in config.layer_letters)
         self.norm = RMSNorm(config.dim)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.dim, config.num_labels or config.vocab_size, bias=False)
         for name, module in self.named_modules():
             # The Hyena filter MLP keeps its own initialisation (its Sine features need O(1)
             # weights; N(0, 0.02) would flatten every filter), and so does Mamba's dt_proj
             # (its bias sets the initial step sizes).
             if ".filter." not in name and not name.endswith("dt_proj"):
                 _init_weights(module)
-        if config.tie_embeddings:
+        if config.tie_embeddings and config.num_labels is None:  # a classifier's head has its own rows
             self.lm_head.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -251,7 +259,7 @@ class DNALM(nn.Module):
 
     @property
     def supports_kv_cache(self) -> bool:
-        """A causal LM of attention layers only (Hyena and Mamba layers keep no KV cache)."""
+        """A causal model of attention layers only (Hyena and Mamba layers keep no KV cache)."""
         return self.config.causal and set(self.config.layer_letters) <= {"L", "G"}
 
     def new_kv_cache(self, batch: int, capacity: int) -> list[KVCache]:

@@ -22,7 +22,7 @@ from ..models.dna_lm import LAYER_LETTERS, DNALMConfig
 from ..ops.attention import MAX_HEADDIM
 from .parallel import DATA_PARALLEL
 
-TASKS = ("synthetic", "lm")
+TASKS = ("synthetic", "lm", "annotation")
 
 
 class ConfigError(ValueError):
@@ -42,9 +42,20 @@ def flag(name: str) -> str:
 class TrainConfig:
     """Everything a training run depends on; saved as out_dir/config.yaml."""
 
-    task: str = _option("synthetic", "synthetic (long-range classification) or lm (causal LM on a FASTA)")
-    fasta: str | None = _option(None, "FASTA file for the lm task, or the name of a genome shipped with genoflash "
-                                      "(arabidopsis-chloroplast, yersinia-plasmid, hg38-fragments)")
+    task: str = _option("synthetic", "synthetic (long-range classification), lm (causal LM on a FASTA) or "
+                                     "annotation (a class per base, from a BED of features)")
+    fasta: str | None = _option(None, "FASTA file for the lm and annotation tasks, or the name of a genome shipped "
+                                      "with genoflash (arabidopsis-chloroplast, yersinia-plasmid, hg38-fragments)")
+    bed: str | None = _option(None, "annotation: BED of annotated features; their types become per-base classes")
+    label_types: str | None = _option(None, "annotation: comma-separated feature types, highest priority first: "
+                                            "each base is the first type covering it, other where only unlisted "
+                                            "types do, none elsewhere (e.g. CDS,tRNA,rRNA,ncRNA,gene)")
+    bed_type_column: int = _option(4, "annotation: the BED column holding a feature's type: 4 (the name) or a "
+                                      "column from 7 (the file is then read as BED6+n)")
+    val_chroms: str = _option("", "lm, annotation: comma-separated chromosomes held out for the evaluations (empty: "
+                                  "held-out windows are drawn from the training chromosomes)")
+    test_chroms: str = _option("", "lm, annotation: comma-separated chromosomes held out from training and "
+                                   "evaluation, scored once at the end")
     dim: int = _option(64, "model width")
     depth: int = _option(2, "number of blocks")
     nheads: int = _option(4, "attention heads")
@@ -102,9 +113,23 @@ class TrainConfig:
                 raise ConfigError(f"{key} ({flag(key)}) must be {what}, got {getattr(self, key)!r}")
 
         need(self.task in TASKS, "task", f"one of {', '.join(TASKS)}")
-        if self.task == "lm" and not self.fasta:
-            raise ConfigError("the lm task needs a FASTA file: --fasta PATH, or the name of a genome shipped with "
-                              "genoflash (arabidopsis-chloroplast, yersinia-plasmid, hg38-fragments)")
+        if self.task in ("lm", "annotation") and not self.fasta:
+            raise ConfigError(f"the {self.task} task needs a FASTA file: --fasta PATH, or the name of a genome "
+                              f"shipped with genoflash (arabidopsis-chloroplast, yersinia-plasmid, hg38-fragments)")
+        if self.task == "annotation":
+            if not self.bed:
+                raise ConfigError("the annotation task needs a BED of features: --bed PATH")
+            need(bool(self.label_types) and all(self.types()), "label_types",
+                 "comma-separated feature types, e.g. CDS,tRNA,gene")
+            need(len(set(self.types())) == len(self.types()) and not {"none", "other"} & set(self.types()),
+                 "label_types", "distinct types other than the reserved class names none and other")
+        need(self.bed_type_column == 4 or self.bed_type_column >= 7, "bed_type_column",
+             "4 (the name) or a column number from 7")
+        val, test = self.chroms("val_chroms"), self.chroms("test_chroms")
+        if (val or test) and self.task == "synthetic":
+            raise ConfigError("val_chroms and test_chroms (--val-chroms, --test-chroms) hold out chromosomes of a "
+                              "FASTA: the lm and annotation tasks; the synthetic task draws its own sequences")
+        need(not set(val) & set(test), "test_chroms", f"chromosomes not also in val_chroms ({', '.join(val)})")
         for key in ("dim", "depth", "nheads", "window_size", "seq_len", "steps", "batch_size", "grad_accum",
                     "eval_samples", "log_every", "checkpoint_every", "keep_checkpoints", "max_bad_steps",
                     "seq_len_start", "n_families", "motif_length", "sites"):
@@ -138,9 +163,9 @@ class TrainConfig:
         need(self.context_parallel >= 1, "context_parallel", "a positive integer (1: each rank reads whole sequences)")
         need(self.data_parallel in DATA_PARALLEL, "data_parallel", f"one of {', '.join(DATA_PARALLEL)}")
         cp = self.context_parallel
-        if cp > 1 and self.task != "lm":
-            raise ConfigError("context_parallel (--context-parallel) shards long sequences of the lm task; the "
-                              "synthetic classifier pools over the whole sequence and is not supported")
+        if cp > 1 and self.task == "synthetic":
+            raise ConfigError("context_parallel (--context-parallel) shards long sequences of the lm and annotation "
+                              "tasks; the synthetic classifier pools over the whole sequence and is not supported")
         if cp > 1 and set(self.layer_pattern) != {"G"}:
             raise ConfigError(f"context_parallel (--context-parallel) needs global layers only (--layer-pattern G): "
                               f"ring attention has no sliding window yet, got {self.layer_pattern!r}")
@@ -150,13 +175,24 @@ class TrainConfig:
                 need(self.seq_len_start % (2 * cp) == 0, "seq_len_start", f"a multiple of 2 x context_parallel = "
                      f"{2 * cp}")
 
+    def types(self) -> list[str]:
+        """The annotation task's feature types, in priority order."""
+        return [t.strip() for t in (self.label_types or "").split(",")]
+
+    def chroms(self, key: str) -> list[str]:
+        """val_chroms or test_chroms as a list of names."""
+        return [c.strip() for c in getattr(self, key).split(",") if c.strip()]
+
     def model_config(self) -> DNALMConfig:
         # Hyena's implicit filters span positions normalised by hyena_l_max: at the default 1M a
         # 224-base sequence would see only the flat first 0.02% of every filter. The longest
         # sequence this run sees is seq_len.
+        # The annotation task labels each base from both sides: a bidirectional model
+        # (BiMamba for M layers), with classes none, the types, other.
+        labels = len(self.types()) + 2 if self.task == "annotation" else None
         return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, causal=self.task == "lm",
                            layer_pattern=self.layer_pattern, window_size=self.window_size,
-                           hyena_l_max=self.seq_len)
+                           hyena_l_max=self.seq_len, num_labels=labels)
 
 
 # ---------------------------------------------------------------- config loading

@@ -1,11 +1,18 @@
 """Training loop for genoflash models: `genoflash train`.
 
-Two tasks:
+Three tasks:
 
 - ``synthetic``: sequence classification on the long-range motif-grammar task
   (`SyntheticLongRangeDataset`), with a `SequenceClassifier`; held-out accuracy and AUROC.
 - ``lm``: causal language modelling on windows of a FASTA file (`GenomeWindowDataset`),
   with a `DNALM`; held-out loss and perplexity.
+- ``annotation``: a class per base from a BED of features (`AnnotationTrack`: none, the
+  ``label_types`` in priority order, other), on windows of a FASTA (`AnnotationWindowDataset`),
+  with a bidirectional `DNALM` whose head classifies each base; held-out accuracy, per-class F1
+  and AUPRC, and macro F1 (`BaseTally`).
+
+The FASTA tasks hold out whole chromosomes: ``val_chroms`` for the evaluations, ``test_chroms``
+scored once at the end (a "test" record in the log); training reads every other chromosome.
 
 What makes a long job safe to stop and restart:
 
@@ -40,7 +47,7 @@ step, after the last micro-batch.
 
 Sequence-length warmup (``--seq-len-warmup``, as in HyenaDNA) trains on the first
 ``seq_len_start`` tokens of each window and doubles the length in equal stages over the
-first ``seq_len_warmup_fraction`` of the steps. It applies to the ``lm`` task only: a
+first ``seq_len_warmup_fraction`` of the steps. It applies to the FASTA tasks only: a
 crop of a synthetic sequence would usually cut out one of the two motifs and with it the
 label, so the synthetic task always trains at full length.
 
@@ -65,7 +72,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..data import IGNORE_INDEX, GenomeWindowDataset, MotifGrammar, SyntheticLongRangeDataset
+from ..data import (IGNORE_INDEX, AnnotationTrack, AnnotationWindowDataset, FastaFile, GenomeWindowDataset,
+                    MotifGrammar, SyntheticLongRangeDataset)
 from ..data.examples import resolve_fasta
 from ..extras import require
 from ..models.dna_lm import DNALM
@@ -73,7 +81,7 @@ from . import checkpoint
 from .classifier import SequenceClassifier
 from .checkpoint import CheckpointError
 from . import parallel
-from .config import ConfigError, TrainConfig, build_parser, config_from_args
+from .config import ConfigError, TrainConfig, build_parser, config_from_args, flag
 
 logger = logging.getLogger(__name__)
 LOG_NAME, PLOT_NAME = "log.jsonl", "curves.png"
@@ -92,7 +100,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 def seq_len_at(step: int, cfg: TrainConfig) -> int:
     """Training length at `step` (the sequence-length warmup; see the module docstring)."""
-    if not cfg.seq_len_warmup or cfg.task != "lm" or cfg.seq_len_start >= cfg.seq_len:
+    if not cfg.seq_len_warmup or cfg.task == "synthetic" or cfg.seq_len_start >= cfg.seq_len:
         return cfg.seq_len
     doublings = math.ceil(math.log2(cfg.seq_len / cfg.seq_len_start))
     span = int(cfg.steps * cfg.seq_len_warmup_fraction)
@@ -162,9 +170,13 @@ def _as_pair(item) -> tuple[torch.Tensor, torch.Tensor]:
     return item[0], item[1]
 
 
-def build_datasets(cfg: TrainConfig, dp: int = 1) -> tuple[Dataset, Dataset]:
-    """(train, held-out) datasets, both lazy: the train stream has steps * batch_size * grad_accum
-    * dp items (every micro-batch of every step of every data-parallel rank reads its own)."""
+def build_datasets(cfg: TrainConfig, dp: int = 1) -> tuple[Dataset, Dataset, Dataset | None]:
+    """(train, held-out, test or None) datasets, all lazy: the train stream has steps * batch_size *
+    grad_accum * dp items (every micro-batch of every step of every data-parallel rank reads its own).
+
+    FASTA tasks read their windows by chromosome: training from every chromosome but val_chroms and
+    test_chroms, the evaluations from val_chroms (or, without them, other windows of the training
+    chromosomes), the test from test_chroms."""
     n_train = cfg.steps * cfg.batch_size * cfg.grad_accum * dp
     if cfg.task == "synthetic":
         grammar = MotifGrammar.random(n_families=cfg.n_families, motif_length=cfg.motif_length, seed=cfg.seed)
@@ -172,12 +184,40 @@ def build_datasets(cfg: TrainConfig, dp: int = 1) -> tuple[Dataset, Dataset]:
         train = SyntheticLongRangeDataset(n_train, cfg.seq_len, cfg.distance, seed=cfg.seed, **shape)
         held_out = SyntheticLongRangeDataset(cfg.eval_samples, cfg.seq_len, cfg.distance,
                                              seed=cfg.seed + 1_000_003, **shape)
-        return train, held_out
-    fasta = resolve_fasta(cfg.fasta)
-    train = GenomeWindowDataset(fasta, cfg.seq_len, n_train, seed=cfg.seed, objective="clm")
-    held_out = GenomeWindowDataset(fasta, cfg.seq_len, cfg.eval_samples, seed=cfg.seed + 1_000_003,
-                                   objective="clm")
-    return train, held_out
+        return train, held_out, None
+    fasta = FastaFile(resolve_fasta(cfg.fasta))
+    train_chroms, val, test = split_chroms(cfg, fasta.contigs)
+    if cfg.task == "annotation":
+        track = AnnotationTrack.from_bed(cfg.bed, cfg.types(), cfg.bed_type_column)
+        missing = [c for c in train_chroms + val + test if c not in track.chroms]
+        if len(missing) == len(train_chroms + val + test):
+            raise ConfigError(f"bed ({flag('bed')}): no feature lies on a chromosome of the FASTA "
+                              f"({', '.join(fasta.contigs[:5])}{', ...' if len(fasta.contigs) > 5 else ''})")
+
+        def windows(n, seed, contigs):
+            return AnnotationWindowDataset(fasta, track, cfg.seq_len, n, seed=seed, contigs=contigs)
+    else:
+        def windows(n, seed, contigs):
+            return GenomeWindowDataset(fasta, cfg.seq_len, n, seed=seed, objective="clm", contigs=contigs)
+    train = windows(n_train, cfg.seed, train_chroms)
+    held_out = windows(cfg.eval_samples, cfg.seed + 1_000_003, val or train_chroms)
+    tested = windows(cfg.eval_samples, cfg.seed + 2_000_003, test) if test else None
+    return train, held_out, tested
+
+
+def split_chroms(cfg: TrainConfig, contigs: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(training, validation, test) chromosomes of the FASTA, each named one checked against it."""
+    val, test = cfg.chroms("val_chroms"), cfg.chroms("test_chroms")
+    for key, names in (("val_chroms", val), ("test_chroms", test)):
+        unknown = [c for c in names if c not in contigs]
+        if unknown:
+            raise ConfigError(f"{key} ({flag(key)}): {', '.join(unknown)} not in the FASTA, whose chromosomes are "
+                              f"{', '.join(contigs[:8])}{', ...' if len(contigs) > 8 else ''}")
+    train = [c for c in contigs if c not in val and c not in test]
+    if not train:
+        raise ConfigError("val_chroms and test_chroms (--val-chroms, --test-chroms) hold out every chromosome: "
+                          "none is left to train on")
+    return train, val, test
 
 
 # ---------------------------------------------------------------- evaluation
@@ -197,6 +237,7 @@ def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, par: p
     mine = range(par.dp_rank * per, (par.dp_rank + 1) * per)
     sums = torch.zeros(2, dtype=torch.float64)  # (summed loss, counted targets) of this rank's shards
     probs, labels = [], []
+    tally = BaseTally(len(cfg.types()) + 2) if cfg.task == "annotation" else None
     for start in range(0, per, cfg.batch_size):
         rows = mine[start:start + cfg.batch_size]
         tokens, targets = data.batch([i if i < n else 0 for i in rows])
@@ -208,6 +249,8 @@ def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, par: p
         if cfg.task == "synthetic":
             probs.append(logits.float().softmax(-1)[:, 1].cpu())
             labels.append(targets.cpu())
+        elif tally is not None:
+            tally.add(logits, targets)
     model.train()
     loss, count = par.sum(sums).tolist()
     metrics = {"loss": loss / max(count, 1)}
@@ -215,9 +258,57 @@ def evaluate(model: torch.nn.Module, data: SafeFetcher, cfg: TrainConfig, par: p
         p, y = par.gather(torch.cat(probs)).numpy(), par.gather(torch.cat(labels)).numpy()
         p, y = p[y != IGNORE_INDEX], y[y != IGNORE_INDEX]
         metrics.update(accuracy=float(((p > 0.5) == (y == 1)).mean()), auroc=auroc(p, y))
+    elif tally is not None:
+        metrics.update(tally.metrics(["none", *cfg.types(), "other"], par))
     else:
         metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
     return metrics
+
+
+class BaseTally:
+    """Per-base classification counts of an evaluation, summed over batches and ranks: the
+    confusion matrix (true class x predicted class, the argmax) and, per class, histograms of its
+    predicted probability over the bases of that class and over the others (BINS bins), from which
+    the average precision (area under the precision-recall curve) follows to within a bin."""
+
+    BINS = 1000
+
+    def __init__(self, num_classes: int):
+        self.c = num_classes
+        self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
+        self.hist = torch.zeros(2, num_classes, self.BINS, dtype=torch.float64)  # (negatives, positives)
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        keep = targets != IGNORE_INDEX
+        y = targets[keep].long()
+        p = logits[keep].float().softmax(-1)                                   # (bases, classes)
+        c, bins = self.c, self.BINS
+        self.confusion += torch.bincount(y * c + p.argmax(-1), minlength=c * c).view(c, c).double().cpu()
+        flat = torch.arange(c, device=p.device) * bins + (p * bins).long().clamp(max=bins - 1)  # class, bin
+        positive = torch.nn.functional.one_hot(y, c).bool()
+        for j, which in enumerate((~positive, positive)):
+            self.hist[j] += torch.bincount(flat[which], minlength=c * bins).view(c, bins).double().cpu()
+
+    def metrics(self, names: list[str], par: parallel.Parallel) -> dict:
+        confusion = par.sum(self.confusion).numpy()
+        hist = par.sum(self.hist).numpy()
+        total = confusion.sum()
+        true, predicted, hit = confusion.sum(1), confusion.sum(0), np.diag(confusion)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f1 = 2 * hit / (true + predicted)                      # NaN for a class neither present nor predicted
+            # Precision at each threshold, from the highest bin down; AP = sum of precision x recall steps.
+            tp = np.cumsum(hist[1][:, ::-1], axis=1)
+            fp = np.cumsum(hist[0][:, ::-1], axis=1)
+            precision = tp / np.maximum(tp + fp, 1)
+            recall_step = hist[1][:, ::-1] / true[:, None]
+            ap = (precision * recall_step).sum(1)
+        ap[true == 0] = np.nan
+        present = true > 0
+        return {"accuracy": float(hit.sum() / max(total, 1)),
+                "macro_f1": float(np.nanmean(np.where(present, f1, np.nan))) if present.any() else math.nan,
+                "f1": {n: float(v) for n, v in zip(names, f1)},
+                "auprc": {n: float(v) for n, v in zip(names, ap)},
+                "bases": {n: int(v) for n, v in zip(names, true)}}
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -301,15 +392,17 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     out_dir = pathlib.Path(cfg.out_dir)
     par = parallel.setup(resolve_device(cfg.device), cfg.context_parallel, cfg.data_parallel)
     device = par.device
-    if cfg.seq_len_warmup and cfg.task != "lm":
-        logger.warning("seq_len_warmup applies to the lm task only (a crop would lose a motif); ignored")
+    if cfg.seq_len_warmup and cfg.task == "synthetic":
+        logger.warning("seq_len_warmup applies to the lm and annotation tasks only (a crop would lose a motif); "
+                       "ignored")
     # The same seed on every rank: the replicas start equal, and every rank draws the same random
     # numbers (a checkpoint keeps each rank's generators all the same).
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     random.seed(cfg.seed)
+    test_data = None
     if train_data is None or eval_data is None:
-        default_train, default_eval = build_datasets(cfg, par.dp)
+        default_train, default_eval, test_data = build_datasets(cfg, par.dp)
         train_data = default_train if train_data is None else train_data
         eval_data = default_eval if eval_data is None else eval_data
     train_fetch, eval_fetch = SafeFetcher(train_data, cfg.strict), SafeFetcher(eval_data, cfg.strict)
@@ -407,15 +500,21 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
                 record({"step": done, "eval": metrics})
                 if on_eval is not None:
                     on_eval(done, metrics)
+            if done == last and test_data is not None:  # the held-out test chromosomes, once
+                record({"step": done, "test": evaluate(model, SafeFetcher(test_data, cfg.strict), cfg, par)})
             if done == last or done % cfg.checkpoint_every == 0:  # every rank writes its part
                 checkpoint.save(out_dir, done, model, optimizer, scheduler, _trainer_state(cfg, done, par),
                                 cfg.keep_checkpoints)
             bar.update(task, completed=done)
 
     evals = [h["eval"] for h in history if "eval" in h]
+    tests = [h["test"] for h in history if "test" in h]
     if par.main:
         plot_curves(history, out_dir / PLOT_NAME, title=f"{cfg.task} ({cfg.layer_pattern})")
-    return {"final": evals[-1] if evals else {}, "history": history, "model": par.unwrap(model)}
+    result = {"final": evals[-1] if evals else {}, "history": history, "model": par.unwrap(model)}
+    if tests:
+        result["test"] = tests[-1]
+    return result
 
 
 def _write_config(out_dir: pathlib.Path, cfg: TrainConfig) -> None:
@@ -533,5 +632,6 @@ def main(argv: list[str] | None = None) -> int:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"out_dir": cfg.out_dir, "final": result["final"]}, indent=2))
+        print(json.dumps({"out_dir": cfg.out_dir, "final": result["final"],
+                          **({"test": result["test"]} if "test" in result else {})}, indent=2))
     return 0

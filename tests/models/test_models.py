@@ -171,6 +171,24 @@ def test_chunks_through_the_kv_cache_equal_one_forward(pattern, nheads_k, backen
     torch.testing.assert_close(got, full[:, 29:], rtol=1e-5, atol=1e-5)
 
 
+def test_num_labels_makes_a_per_base_classifier_with_its_own_head():
+    torch.manual_seed(0)
+    model = tiny_lm(causal=False, num_labels=5)
+    assert model.lm_head.weight is not model.embed.weight and model.lm_head.weight.shape == (5, 32)
+    tokens = random_bases(2, 33)
+    labels = torch.randint(0, 5, (2, 33))
+    labels[0, :4] = IGNORE_INDEX
+    out = model(tokens, labels=labels)
+    assert out["logits"].shape == (2, 33, 5)
+    want = F.cross_entropy(out["logits"].reshape(-1, 5), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+    torch.testing.assert_close(out["loss"], want)
+    lm = tiny_lm()
+    assert lm.lm_head.weight is lm.embed.weight
+    for bad in (1, True, 2.0):
+        with pytest.raises(ValueError, match="num_labels must be None"):
+            DNALMConfig(num_labels=bad)
+
+
 def test_kv_cache_misuse_is_named():
     torch.manual_seed(0)
     model = tiny_lm().eval()
