@@ -10,16 +10,16 @@ Coordinates are 0-based and half-open everywhere (as in BED and Python slicing).
 | ``tokenizer`` | single-nucleotide tokens (PAD=0, MASK, CLS, SEP, A, C, G, T, N) |
 | ``onehot`` | one-hot in ACGT order |
 | ``augment`` | reverse complement, random shift, random reverse complement |
-| ``datasets`` | ``GenomeWindowDataset`` (language modelling), ``IntervalDataset`` (labelled BED) |
-| ``annotations`` | ``AnnotationTrack`` (per-base classes from a BED of features), ``AnnotationWindowDataset`` |
+| ``datasets`` | ``GenomeWindowDataset`` (language modelling), ``ChromosomeDataset`` (whole chromosomes), ``IntervalDataset`` (labelled BED) |
+| ``annotations`` | ``AnnotationTrack`` (per-base classes from a BED of features), ``AnnotationWindowDataset``, ``Labelled`` |
 | ``synthetic`` | the long-range motif-grammar demo task |
 """
 
-from .annotations import AnnotationTrack, AnnotationWindowDataset
+from .annotations import AnnotationTrack, AnnotationWindowDataset, Labelled
 from .augment import (random_reverse_complement, random_shift, reverse_complement,
                       reverse_complement_one_hot, reverse_complement_str, reverse_complement_tokens)
 from .bed import SPLITS, Interval, read_bed, resize, split_by_chrom
-from .datasets import IGNORE_INDEX, GenomeWindowDataset, IntervalDataset
+from .datasets import IGNORE_INDEX, ChromosomeDataset, GenomeWindowDataset, IntervalDataset
 from .examples import EXAMPLES, example_fasta
 from .fasta import FastaFile, UnknownContigError
 from .onehot import one_hot
@@ -35,6 +35,7 @@ __all__ = [
     "one_hot",
     "reverse_complement", "reverse_complement_str", "reverse_complement_tokens",
     "reverse_complement_one_hot", "random_reverse_complement", "random_shift",
-    "GenomeWindowDataset", "IntervalDataset", "IGNORE_INDEX", "AnnotationTrack", "AnnotationWindowDataset",
+    "GenomeWindowDataset", "IntervalDataset", "IGNORE_INDEX", "AnnotationTrack", "AnnotationWindowDataset", "Labelled",
+    "ChromosomeDataset",
     "MarkovBackground", "MotifGrammar", "SyntheticLongRangeDataset", "write_fasta_bed",
 ]

@@ -119,7 +119,29 @@ def record_type(record: Interval, type_column: int) -> str:
     return record.extra[i]
 
 
-class AnnotationWindowDataset(Dataset):
+class Labelled(Dataset):
+    """The items of a sequence dataset (dicts with ``input_ids``, ``chrom`` and ``start``, as
+    `GenomeWindowDataset(objective=None)` and `ChromosomeDataset(objective=None)` give them) with
+    ``labels``: the track's class id of every base, IGNORE_INDEX where the base is N."""
+
+    def __init__(self, sequences: Dataset, track: AnnotationTrack):
+        self.sequences, self.track = sequences, track
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sequences.set_epoch(epoch)
+
+    def __getitem__(self, index: int) -> dict:
+        item = self.sequences[index]
+        tokens = item["input_ids"]
+        labels = torch.from_numpy(self.track.labels(item["chrom"], item["start"], item["start"] + len(tokens)))
+        return {"input_ids": tokens, "labels": labels.masked_fill(tokens == N_ID, IGNORE_INDEX),
+                "chrom": item["chrom"], "start": item["start"]}
+
+
+class AnnotationWindowDataset(Labelled):
     """Windows of a genome with a class id per base: item i is a dict with ``input_ids`` (int64,
     (window_length,)), ``labels`` (int64 class ids of the same bases; IGNORE_INDEX where the base is N),
     ``chrom`` and ``start``. The windows are drawn as `GenomeWindowDataset` draws them (uniformly,
@@ -128,19 +150,7 @@ class AnnotationWindowDataset(Dataset):
     def __init__(self, fasta: str | os.PathLike | FastaFile, track: AnnotationTrack, window_length: int,
                  num_windows: int, *, seed: int = 0, contigs: Sequence[str] | None = None,
                  max_n_fraction: float = 0.5, index_dir: str | os.PathLike | None = None):
-        self.track = track
-        self.windows = GenomeWindowDataset(fasta, window_length, num_windows, seed=seed, objective=None,
-                                           contigs=contigs, max_n_fraction=max_n_fraction, index_dir=index_dir)
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.windows.set_epoch(epoch)
-
-    def __getitem__(self, index: int) -> dict:
-        item = self.windows[index]
-        tokens = item["input_ids"]
-        labels = torch.from_numpy(self.track.labels(item["chrom"], item["start"], item["start"] + len(tokens)))
-        return {"input_ids": tokens, "labels": labels.masked_fill(tokens == N_ID, IGNORE_INDEX),
-                "chrom": item["chrom"], "start": item["start"]}
+        super().__init__(GenomeWindowDataset(fasta, window_length, num_windows, seed=seed, objective=None,
+                                             contigs=contigs, max_n_fraction=max_n_fraction, index_dir=index_dir),
+                         track)
+        self.windows = self.sequences

@@ -127,6 +127,57 @@ class GenomeWindowDataset(Dataset):
             f"N at this length: raise max_n_fraction or max_tries, or pick contigs")
 
 
+class ChromosomeDataset(Dataset):
+    """Whole chromosomes as sequences, for training and evaluating at chromosome-length context.
+
+    Item i is a whole chromosome of `contigs` (default every one): drawn uniformly at random per
+    (seed, epoch, index), or with ``each=True`` the i-th in order (cycling), so that an evaluation
+    reads every chromosome once. The items are dicts as `GenomeWindowDataset` gives them (``chrom``,
+    ``start`` 0, ``input_ids``, and for ``objective="clm"`` the next-base ``labels``, -100 where that
+    base is N); their lengths differ, so a batch holds one. Chromosomes longer than `max_length`
+    are refused when the dataset is made."""
+
+    def __init__(self, fasta: str | os.PathLike | FastaFile, num_items: int, *, seed: int = 0,
+                 contigs: Sequence[str] | None = None, objective: str | None = "clm", each: bool = False,
+                 max_length: int | None = None, index_dir: str | os.PathLike | None = None):
+        if objective not in ("clm", None):
+            raise ValueError(f"objective must be 'clm' or None, got {objective!r}")
+        if num_items < 0:
+            raise ValueError(f"num_items must be >= 0, got {num_items}")
+        self.fasta = _as_fasta(fasta, index_dir)
+        self.contigs = list(contigs) if contigs is not None else self.fasta.contigs
+        if not self.contigs:
+            raise ValueError("contigs must name at least one chromosome")
+        longest = max(self.contigs, key=self.fasta.contig_length)
+        if max_length is not None and self.fasta.contig_length(longest) > max_length:
+            raise ValueError(f"{longest} has {self.fasta.contig_length(longest):,} bases, more than max_length "
+                             f"{max_length:,}")
+        self.num_items, self.seed, self.objective, self.each, self.epoch = num_items, seed, objective, each, 0
+
+    def __len__(self) -> int:
+        return self.num_items
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < self.num_items:
+            raise IndexError(f"index {index} out of range for {self.num_items} items")
+        if self.each:
+            chrom = self.contigs[index % len(self.contigs)]
+        else:
+            generator = item_generator(self.seed, self.epoch, index)
+            chrom = self.contigs[int(torch.randint(len(self.contigs), (), generator=generator))]
+        tokens = encode(self.fasta.fetch(chrom, 0, self.fasta.contig_length(chrom)), name=chrom)
+        item = {"chrom": chrom, "start": 0, "reverse_complement": False}
+        if self.objective == "clm":
+            item["input_ids"] = tokens[:-1]
+            item["labels"] = tokens[1:].masked_fill(tokens[1:] == N_ID, IGNORE_INDEX)
+        else:
+            item["input_ids"] = tokens
+        return item
+
+
 class IntervalDataset(Dataset):
     """Labelled BED intervals, resized about their centres, for classification/regression.
 

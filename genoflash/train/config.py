@@ -52,6 +52,11 @@ class TrainConfig:
                                             "types do, none elsewhere (e.g. CDS,tRNA,rRNA,ncRNA,gene)")
     bed_type_column: int = _option(4, "annotation: the BED column holding a feature's type: 4 (the name) or a "
                                       "column from 7 (the file is then read as BED6+n)")
+    whole_chroms: bool = _option(False, "lm, annotation: each sequence is a whole chromosome (batch_size 1; seq_len "
+                                        "is then the longest chromosome allowed), and the evaluations read each "
+                                        "held-out chromosome once")
+    gradient_checkpointing: bool = _option(False, "recompute each block in the backward instead of storing its "
+                                                  "activations (chromosome-length sequences)")
     val_chroms: str = _option("", "lm, annotation: comma-separated chromosomes held out for the evaluations (empty: "
                                   "held-out windows are drawn from the training chromosomes)")
     test_chroms: str = _option("", "lm, annotation: comma-separated chromosomes held out from training and "
@@ -130,6 +135,12 @@ class TrainConfig:
             raise ConfigError("val_chroms and test_chroms (--val-chroms, --test-chroms) hold out chromosomes of a "
                               "FASTA: the lm and annotation tasks; the synthetic task draws its own sequences")
         need(not set(val) & set(test), "test_chroms", f"chromosomes not also in val_chroms ({', '.join(val)})")
+        if self.whole_chroms:
+            if self.task == "synthetic":
+                raise ConfigError("whole_chroms (--whole-chroms) reads the chromosomes of a FASTA: the lm and "
+                                  "annotation tasks")
+            need(self.batch_size == 1, "batch_size", "1 with whole_chroms (--whole-chroms): chromosomes differ in "
+                 "length")
         for key in ("dim", "depth", "nheads", "window_size", "seq_len", "steps", "batch_size", "grad_accum",
                     "eval_samples", "log_every", "checkpoint_every", "keep_checkpoints", "max_bad_steps",
                     "seq_len_start", "n_families", "motif_length", "sites"):
@@ -192,7 +203,8 @@ class TrainConfig:
         labels = len(self.types()) + 2 if self.task == "annotation" else None
         return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, causal=self.task == "lm",
                            layer_pattern=self.layer_pattern, window_size=self.window_size,
-                           hyena_l_max=self.seq_len, num_labels=labels)
+                           hyena_l_max=self.seq_len, num_labels=labels,
+                           gradient_checkpointing=self.gradient_checkpointing)
 
 
 # ---------------------------------------------------------------- config loading

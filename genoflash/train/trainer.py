@@ -72,7 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..data import (IGNORE_INDEX, AnnotationTrack, AnnotationWindowDataset, FastaFile, GenomeWindowDataset,
+from ..data import (IGNORE_INDEX, AnnotationTrack, ChromosomeDataset, FastaFile, GenomeWindowDataset, Labelled,
                     MotifGrammar, SyntheticLongRangeDataset)
 from ..data.examples import resolve_fasta
 from ..extras import require
@@ -187,21 +187,30 @@ def build_datasets(cfg: TrainConfig, dp: int = 1) -> tuple[Dataset, Dataset, Dat
         return train, held_out, None
     fasta = FastaFile(resolve_fasta(cfg.fasta))
     train_chroms, val, test = split_chroms(cfg, fasta.contigs)
+    objective = "clm" if cfg.task == "lm" else None
+    track = None
     if cfg.task == "annotation":
         track = AnnotationTrack.from_bed(cfg.bed, cfg.types(), cfg.bed_type_column)
-        missing = [c for c in train_chroms + val + test if c not in track.chroms]
-        if len(missing) == len(train_chroms + val + test):
+        if not set(track.chroms) & set(fasta.contigs):
             raise ConfigError(f"bed ({flag('bed')}): no feature lies on a chromosome of the FASTA "
                               f"({', '.join(fasta.contigs[:5])}{', ...' if len(fasta.contigs) > 5 else ''})")
 
-        def windows(n, seed, contigs):
-            return AnnotationWindowDataset(fasta, track, cfg.seq_len, n, seed=seed, contigs=contigs)
-    else:
-        def windows(n, seed, contigs):
-            return GenomeWindowDataset(fasta, cfg.seq_len, n, seed=seed, objective="clm", contigs=contigs)
-    train = windows(n_train, cfg.seed, train_chroms)
-    held_out = windows(cfg.eval_samples, cfg.seed + 1_000_003, val or train_chroms)
-    tested = windows(cfg.eval_samples, cfg.seed + 2_000_003, test) if test else None
+    def sequences(n, seed, contigs, held_out=False):
+        if cfg.whole_chroms:  # an evaluation reads each of its chromosomes once
+            n = len(contigs) if held_out else n
+            try:
+                data = ChromosomeDataset(fasta, n, seed=seed, contigs=contigs, objective=objective, each=held_out,
+                                         max_length=cfg.seq_len + (objective == "clm"))
+            except ValueError as err:
+                raise ConfigError(f"seq_len ({flag('seq_len')}) is the longest chromosome whole_chroms reads: "
+                                  f"{err}") from None
+        else:
+            data = GenomeWindowDataset(fasta, cfg.seq_len, n, seed=seed, objective=objective, contigs=contigs)
+        return Labelled(data, track) if track is not None else data
+
+    train = sequences(n_train, cfg.seed, train_chroms)
+    held_out = sequences(cfg.eval_samples, cfg.seed + 1_000_003, val or train_chroms, held_out=True)
+    tested = sequences(cfg.eval_samples, cfg.seed + 2_000_003, test, held_out=True) if test else None
     return train, held_out, tested
 
 

@@ -5,12 +5,14 @@ configuration errors."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import numpy as np
 import pytest
 import torch
 
+from genoflash.data import FastaFile
 from genoflash.train import TrainConfig, load_trained_model, train
 from genoflash.train.config import ConfigError
 from genoflash.train.parallel import Parallel
@@ -51,8 +53,7 @@ def config(genome, tmp_path, **overrides) -> TrainConfig:
 @pytest.mark.parametrize("task", ["lm", "annotation"])
 def test_windows_come_from_their_own_chromosomes(genome, tmp_path, task):
     train_data, held_out, test = build_datasets(config(genome, tmp_path, task=task, steps=20))
-    assert {train_data.windows[i]["chrom"] if task == "annotation" else train_data[i]["chrom"]
-            for i in range(len(train_data))} == {"c1"}
+    assert {train_data[i]["chrom"] for i in range(len(train_data))} == {"c1"}
     assert {held_out[i]["chrom"] for i in range(len(held_out))} == {"c2"}
     assert {test[i]["chrom"] for i in range(len(test))} == {"c3"}
     _, held_out, test = build_datasets(config(genome, tmp_path, task=task, val_chroms="", test_chroms=""))
@@ -71,6 +72,24 @@ def test_the_annotation_task_learns_and_scores_the_held_out_chromosomes(genome, 
     model = load_trained_model(tmp_path / "run")
     assert model.config.num_labels == 3 and not model.config.causal
     assert model(torch.randint(4, 8, (1, 50)))["logits"].shape == (1, 50, 3)
+
+
+@pytest.mark.parametrize("task", ["lm", "annotation"])
+def test_whole_chromosomes_train_and_evaluate_each_held_out_one_once(genome, tmp_path, task):
+    cfg = config(genome, tmp_path, task=task, whole_chroms=True, batch_size=1, seq_len=5400, steps=4,
+                 eval_every=0, val_chroms="c2,c3", test_chroms="", gradient_checkpointing=True)
+    train_data, held_out, test = build_datasets(cfg)
+    item = train_data[0]
+    assert item["chrom"] == "c1"
+    assert len(item["input_ids"]) == FastaFile(genome / "g.fa").contig_length("c1") - (task == "lm")
+    assert item["labels"].shape == item["input_ids"].shape
+    assert len(held_out) == 2 and [held_out[i]["chrom"] for i in range(2)] == ["c2", "c3"] and test is None
+    result = train(cfg)
+    assert result["model"].config.gradient_checkpointing
+    assert math.isfinite(result["final"]["loss"])
+    with pytest.raises(ConfigError, match="seq_len \\(--seq-len\\) is the longest chromosome whole_chroms reads: "
+                                          "c[123] has [0-9,]+ bases, more than max_length 1,000"):
+        build_datasets(config(genome, tmp_path, task=task, whole_chroms=True, batch_size=1, seq_len=1000 - (task == "lm")))
 
 
 def test_base_tally_against_direct_computation():
@@ -115,6 +134,7 @@ def test_base_tally_against_direct_computation():
     (dict(bed_type_column=5), "bed_type_column \\(--bed-type-column\\) must be 4 \\(the name\\) or a column"),
     (dict(test_chroms="c2"), "test_chroms \\(--test-chroms\\) must be chromosomes not also in val_chroms"),
     (dict(task="synthetic"), "val_chroms and test_chroms .* hold out chromosomes of a FASTA"),
+    (dict(whole_chroms=True), "batch_size \\(--batch-size\\) must be 1 with whole_chroms"),
 ])
 def test_bad_settings_name_their_flag(genome, tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match):
