@@ -436,7 +436,8 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
     sequences = cfg.batch_size * cfg.grad_accum * par.dp  # per optimizer step, over the whole job
     record({"step": start, "run": {"layout": par.describe(), "ranks": par.world, "data_parallel": par.dp,
                                    "context_parallel": par.cp, "sequences_per_step": sequences,
-                                   "tokens_per_step": sequences * cfg.seq_len, "lr": cfg.lr}})
+                                   "tokens_per_step": sequences * cfg.seq_len, "lr": cfg.lr,
+                                   "parameters": sum(p.numel() for p in par.unwrap(model).parameters())}})
     if par.main:
         logger.info("%s; %d sequences per step (batch_size %d x grad_accum %d x data parallel %d), peak lr %g",
                     par.describe(), sequences, cfg.batch_size, cfg.grad_accum, par.dp, cfg.lr)

@@ -70,6 +70,7 @@ def test_the_annotation_task_learns_and_scores_the_held_out_chromosomes(genome, 
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "test" in r] == [60] and sum("eval" in r for r in log) == 2
     model = load_trained_model(tmp_path / "run")
+    assert log[0]["run"]["parameters"] == sum(p.numel() for p in model.parameters())  # for equal-size comparisons
     assert model.config.num_labels == 3 and not model.config.causal
     assert model(torch.randint(4, 8, (1, 50)))["logits"].shape == (1, 50, 3)
 
