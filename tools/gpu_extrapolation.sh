@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The length-extrapolation measurement (docs/design/decoding.md, "RoPE past the training length"),
-# in one GPU call of about 6 minutes: a DNA LM trained at 4,096 bases, evaluated at up to 262,144
+# in one GPU call of about 3 minutes on an H100: a DNA LM trained at 4,096 bases, evaluated at up to 262,144
 # with plain RoPE, position interpolation and NTK scaling.
 #   yeast: trained on 14 of the 16 chromosomes, scored on the held-out chrXV and chrXVI;
 #   chloroplast: trained on its first 80% (123,582 bp), scored on bases of the last 20%.
@@ -34,12 +34,17 @@ timeout 200 $G train "${model[@]}" --fasta "$work/yeast_train.fa" --steps 3000 -
     > "$out/extrapolation-yeast-train.log" 2>&1 || echo "yeast training ended with $?"
 timeout 60 $G train "${model[@]}" --fasta "$work/chloroplast_train.fa" --steps 200 --out-dir "$work/chloroplast" \
     > "$out/extrapolation-chloroplast-train.log" 2>&1 || echo "chloroplast training ended with $?"
+mkdir -p "$work/runs"
 for run in yeast chloroplast; do  # the runs' settings and per-step logs, beside the results
-    cp "$work/$run/config.yaml" "$out/extrapolation-$run-config.yaml"
+    cp "$work/$run/config.yaml" "$work/runs/extrapolation-$run-config.yaml"
     # every 100th step and the evaluations (the whole log is thousands of lines)
     python3 -c "import json,sys; [print(l, end='') for l in open(sys.argv[1]) if 'eval' in l or json.loads(l).get('step', 1) % 100 == 0]" \
-        "$work/$run/log.jsonl" > "$out/extrapolation-$run-log.jsonl"
+        "$work/$run/log.jsonl" > "$work/runs/extrapolation-$run-log.jsonl"
+    mv "$out/extrapolation-$run-train.log" "$work/runs/"
 done
+# One archive for the runs' files: the device tool returns only a few files per call, and the
+# results (two JSON files and two plots) must be among them.
+tar czf "$out/extrapolation-runs.tgz" -C "$work/runs" .
 $G bench extrapolation --model "$work/yeast" --fasta ../shared/data/sacCer_S288C.fa --records chrXV,chrXVI \
     --contexts 4096,16384,65536,262144 --target 4000 --per-record 8 --tag yeast --out "$out"
 $G bench extrapolation --model "$work/chloroplast" --fasta ../shared/data/NC_000932.arabidopsis_chloroplast.fa \
