@@ -10,7 +10,7 @@ CASE is plain, rope (fp32 tables), rope-bf16, window, dropout, rope-dropout, mam
 selective scan's forward and backward; --channels-first: on channels-first inputs (the Mamba block's
 layout); --sequential-forward: the forward's kernels alone, with dstate = D); --fwd/--dkdv/--dq force
 tiles; --sass DIR writes each kernel's SASS (and its PTX beside
-it); --no-tma keeps pointer loads where TMA descriptors would apply; --sm90-backward compiles the
+it); --sm90-forward compiles the Gluon forward (forward_sm90.py); --no-tma keeps pointer loads where TMA descriptors would apply; --sm90-backward compiles the
 Gluon one-pass backward (backward_sm90.py; its compute warps run at 240 registers, so ptxas's
 count is the launch's, and a spill is what to look for); --dq-rope-tma: RoPE's dQ pass with K and
 the tables by TMA; --key-chunk N: the forward over chunks of N keys; --causal, --softcap X,
@@ -187,6 +187,8 @@ def main(argv):
                         help="RoPE: the dQ pass takes K's halves and the tables by TMA (BackwardConfig.dq_rope_by_tma)")
     parser.add_argument("--sm90-backward", action="store_true",
                         help="deterministic=False through the Gluon one-pass backward (backward_sm90.py)")
+    parser.add_argument("--sm90-forward", action="store_true",
+                        help="the Gluon forward (forward_sm90.py) where it supports the call")
     parser.add_argument("--sass", help="directory: write each kernel's SASS there and print its opcode counts")
     parser.add_argument("--key-chunk", type=int,
                         help="the forward over chunks of this many keys (configs.forward_key_chunk): its launches")
@@ -276,6 +278,9 @@ def main(argv):
         kw["deterministic"] = False
         backward_sm90.applies = lambda q, k, v, dout, out, a: not a.deterministic and backward_sm90.supports(
             q, k, v, dout, out, a)
+    if args.sm90_forward:  # the GPU's dispatch, with the device check left out
+        from genoflash.ops.attention import forward_sm90
+        forward_sm90.applies = lambda q, k, v, a: forward_sm90.supports(q, k, v, a)
     if args.dkdv or args.dq:
         gpu_default = bwd_cfg(d, dv, False, dtype, gpu, 4 if case in ("rope", "rope-dropout") else 2 if "rope" in case else 0,
                               "dropout" in case)

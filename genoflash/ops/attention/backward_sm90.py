@@ -576,11 +576,12 @@ def _descriptor(t: torch.Tensor, shape: list, strides: list, block_shape: list, 
                                  layout=layout, padding="zero")
 
 
-def _tile_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A 4-D descriptor over (batch, seqlen, heads, dim), one (1, rows, 1, dim) box per tile."""
-    head_dim = t.shape[-1]
-    return _descriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim],
-                       _tile_layout(rows, head_dim, t.dtype))
+def _tile_descriptor(t: torch.Tensor, rows: int, width: int | None = None) -> TensorDescriptor:
+    """A 4-D descriptor over (batch, seqlen, heads, dim), one (1, rows, 1, width) box per tile
+    (width: dim by default; a wider box, e.g. dim rounded up to a power of two, reads zeros past
+    dim and writes nothing there)."""
+    width = width or t.shape[-1]
+    return _descriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, width], _tile_layout(rows, width, t.dtype))
 
 
 def _stat_descriptor(t: torch.Tensor, block_m: int) -> TensorDescriptor:

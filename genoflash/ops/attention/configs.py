@@ -350,19 +350,29 @@ def sm90_min_seqlen(default: int) -> int:
     return int(_override.get("sm90_min_seqlen", default))  # type: ignore[arg-type]
 
 
+def sm90_forward_allowed() -> bool:
+    """Whether the Gluon forward (forward_sm90.py) may run: yes unless override_configs says
+    sm90_forward=False, or forces what only the triton forward has (its tiling, its key chunks,
+    its channel groups), which tests of those paths do."""
+    if any(name in _override for name in ("forward", "key_chunk", "split_channels")):
+        return False
+    return bool(_override.get("sm90_forward", True))
+
+
 @contextlib.contextmanager
 def override_configs(forward: TileConfig | None = None, backward: BackwardConfig | None = None,
                      dq_rope_by_tma: bool | None = None, key_chunk: int | None = None,
                      dkdv_heads_per_split: int | None = None, split_channels: bool | None = None,
-                     sm90_min_seqlen: int | None = None):
+                     sm90_min_seqlen: int | None = None, sm90_forward: bool | None = None):
     """Force tile configs (tests use this to cover uneven tilings such as BLOCK_M != BLOCK_N), or
     only whether the RoPE dQ pass takes K by TMA, the forward's keys per launch, the query heads
     per GQA dK/dV program, whether channels split into two groups where they can
-    (channel_blocks), or the shortest length at which the Gluon backward runs."""
+    (channel_blocks), the shortest length at which the Gluon backward runs, or whether the Gluon
+    forward may run (False: the triton forward, for A/B timings and tests)."""
     saved = dict(_override)
     given = dict(forward=forward, backward=backward, dq_rope_by_tma=dq_rope_by_tma, key_chunk=key_chunk,
                  dkdv_heads_per_split=dkdv_heads_per_split, split_channels=split_channels,
-                 sm90_min_seqlen=sm90_min_seqlen)
+                 sm90_min_seqlen=sm90_min_seqlen, sm90_forward=sm90_forward)
     _override.update({name: value for name, value in given.items() if value is not None})
     try:
         yield

@@ -34,6 +34,10 @@ from .score_mods import _alibi_bias, _softcap
 from .seqlen_info import _sequence_bounds
 from .softmax import _finalize_softmax, _online_softmax_update
 from .tile_scheduler import _tile_of_program
+try:  # the Gluon forward for Hopper (forward_sm90.py); a triton without Gluon's Hopper API keeps this one
+    from . import forward_sm90
+except (ImportError, AttributeError):  # pragma: no cover - depends on the installed triton
+    forward_sm90 = None
 from .tiles import (_head_base, _load_tile, _load_tile_tma, _load_tile_tma_at, _row_ptr, _store_tile,
                     _store_tile_tma, _store_tile_tma_at)
 
@@ -283,6 +287,8 @@ def plan_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs
 
 
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
+    if forward_sm90 is not None and forward_sm90.applies(q, k, v, a):  # Hopper, warp-specialised, in Gluon
+        return forward_sm90.attention_forward_sm90(q, k, v, a)
     batch, nheads, nheads_k, seqlen_q, seqlen_k = kernel_geometry(q, k, v, a)
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)

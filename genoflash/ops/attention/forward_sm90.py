@@ -1,0 +1,391 @@
+"""The forward for Hopper, in Gluon: warp-specialised, with the next tile's QK^T under this tile's softmax.
+
+The triton forward (forward.py) leaves the schedule to the compiler, which waits for each matmul
+before it starts the softmax work that follows it and loads K and V with the same warps that
+compute. This kernel says what overlaps (docs/design/attention-forward-sm90.md):
+
+- 1 load warp (24 registers): Q once, then K and V tile by tile by TMA into a ring of NUM_STAGES
+  buffers, each K and V with a barrier of its own (`k_ready`, `v_ready`), refilled once the compute
+  warps release the stage (`kv_empty`);
+- 8 compute warps (two warpgroups of 64 query rows, 240 registers each thread): per key tile j,
+
+      issue S_j = Q K_j^T             (async wgmma)
+      issue O += P_{j-1} V_{j-1}      (async wgmma, P from registers)
+      wait S_j; softmax of S_j        (runs while the tensor cores do P_{j-1} V_{j-1})
+      wait O; release stage j-1; O *= alpha_j
+
+  so the exponentials of one tile run under the previous tile's PV matmul, and the two
+  warpgroups, which share no state, drift into each other's gaps.
+
+One program owns BLOCK_M query rows of one head; the grid runs the row blocks heaviest-first
+(causal row blocks near the bottom see the most keys). Keys are read for the band the rows can
+see ([n_lo, n_hi), masks.py's bounds): tiles outside a causal or windowed band are never loaded.
+Tiles that cross a mask edge or the end of the keys are masked; the others are not.
+
+Head dims are padded to a power of two inside the kernel (the TMA boxes are that wide: they read
+zeros past the head dim and write nothing there), so any D and Dv up to 256 whose rows are 16-byte
+aligned run here, Dv != D included. Softcap and ALiBi are applied to the scores as forward.py
+applies them (score_mods.py).
+
+Taken where it applies (`applies`): sm_90, 16-bit, fixed lengths, no RoPE or dropout, TMA-aligned
+tensors. Everything else runs forward.py. Not under
+the Triton interpreter (it has no Gluon): CPU tests check the dispatch rule and compile the kernel
+for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from ...backends import triton_interpreted
+from ..common.host import cdiv, next_power_of_2
+from . import descriptors
+from .args import AttentionArgs
+from .backward_sm90 import _GL_DTYPES, _tile_descriptor
+from .configs import LaunchConfig, sm90_forward_allowed
+from .descriptors import aligned
+from .kernel_args import alibi_pointer, lse_layout
+from .launch import launch
+from .softmax import LOG2E_HOST
+
+BLOCK_M = 128  # query rows per program: two warpgroups of 64 (wgmma's rows per warpgroup)
+SMEM_BYTES = 220 * 1024  # of the 227 KB an sm_90 block may take, with room for the barriers
+MAX_STAGES = 3
+
+
+def tiles(block_d: int, block_dv: int) -> tuple[int, int]:
+    """(keys per tile, K/V stages in the ring) for padded head dims: 128 keys where the output
+    accumulator leaves registers for a 128-wide S (64 x Dv float32 per warpgroup, 64 x BLOCK_N for
+    S), else 64; then as many stages as shared memory holds beside Q (and O's own buffer where its
+    box differs from Q's)."""
+    block_n = 128 if max(block_d, block_dv) <= 128 else 64
+    fixed = BLOCK_M * block_d * 2 + (BLOCK_M * block_dv * 2 if block_dv != block_d else 0)
+    stages = min(MAX_STAGES, (SMEM_BYTES - fixed) // (block_n * (block_d + block_dv) * 2))
+    return block_n, stages
+LN2 = gl.constexpr(0.6931471805599453)  # ln(2): lse from base 2 to natural log
+# The default partition's warps (the other partitions come from warp_specialize): all 8 compute
+# warps, or with ping-pong the first warpgroup.
+LAUNCH = {False: LaunchConfig(num_warps=8, num_stages=1), True: LaunchConfig(num_warps=4, num_stages=1)}
+PINGPONG = True  # two compute partitions taking turns (docs/design/attention-forward-sm90.md)
+
+
+@gluon.jit
+def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                        off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS: gl.constexpr, NUM_Q: gl.constexpr,
+                        BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """One warp: each compute partition's Q rows, then each key tile's K and V into the stage the
+    compute warps released."""
+    for w in gl.static_range(NUM_Q):
+        mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, m0 + w * ROWS, off_h, 0], q_bar.index(w), q_smem.index(w))
+    for j in range(n_tiles):
+        stage = j % NUM_STAGES
+        # A fresh barrier passes a wait for parity 1: the first round finds every stage free.
+        mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
+        n0 = n_lo + j * BLOCK_N
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_b, n0, off_hk, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [off_b, n0, off_hk, 0], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _await_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup WG may issue its t-th round of matmuls once the other has issued its
+    own (WG 0 goes first). A fresh barrier passes a wait for parity 1, so WG 0's first wait does."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG))
+
+
+@gluon.jit
+def _scores(s, n0, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in, softcap_out, slope,
+            s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+    """Raw scores of one tile as forward.py's: softcap, then ALiBi, then (MASKED) keys past the end
+    or outside a row's band set to -inf. Query i sees key j iff
+    i + diag - window_left <= j <= i + diag + window_right (bottom-right aligned, flash-attn's)."""
+    if HAS_SOFTCAP:  # s -> (c / scale) tanh(s scale / c), raw units (score_mods.py)
+        s = _tanh_fast(s * softcap_in) * softcap_out
+    if HAS_ALIBI or MASKED:
+        cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        if HAS_ALIBI:  # -(slope / scale) |i + diag - j|
+            s = s - slope[:, None] * gl.abs(rows[:, None] + diag - cols[None, :]).to(gl.float32)
+        if MASKED:
+            keep = (cols < seqlen_k)[None, :]
+            if HAS_RIGHT:
+                keep = keep & (cols[None, :] <= rows[:, None] + diag + window_right)
+            if HAS_LEFT:
+                keep = keep & (cols[None, :] >= rows[:, None] + diag - window_left)
+            s = gl.where(keep, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _tanh_fast(x):
+    """One MUFU instruction, max relative error ~2^-11: below 16-bit rounding of the scores it
+    feeds (score_mods._tanh's fast form)."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale_log2):
+    """The online softmax's fold of one tile of raw scores (softmax.py's, in Gluon): returns
+    (p, alpha, m_new, l_new). A row that has seen only masked keys keeps max -inf; 0 stands in
+    for it so that its p are exp2(-inf) = 0 and not NaN."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale_log2 - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, LSE,
+                           ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles,
+                           seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2, softcap_in,
+                           softcap_out, alibi_to_raw, WG: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr,
+                           PINGPONG: gl.constexpr, BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
+                           BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+                           HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+    """WARPS compute warps (64 query rows per warpgroup) that own ROWS query rows, from
+    m0 + WG * ROWS: all 8 as one partition, or (PINGPONG) one warpgroup per partition, the two
+    taking turns to issue their matmuls. See the module docstring for the step."""
+    dtype: gl.constexpr = q_smem.dtype
+    BLOCK_M: gl.constexpr = ROWS  # this partition's rows
+    m0 = m0 + WG * ROWS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                       instr_shape=[16, BLOCK_DV, 16])
+    # P as the left operand of O += P V from registers: S's accumulator fragment is already the
+    # operand's, so the conversion moves no data.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    q_tile = q_smem.index(WG).reshape([BLOCK_M, BLOCK_D])
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    acc = gl.zeros([BLOCK_M, BLOCK_DV], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
+    slope = gl.zeros([BLOCK_M], gl.float32, row_s)
+    if HAS_ALIBI:  # one slope per head (or per batch and head), in raw score units
+        slope = slope + gl.load(ALIBI + off_b * stride_alibi_b + off_h) * alibi_to_raw
+    # The tiles that need a mask: those crossing the end of the keys or an edge of some row's band.
+    # Tiles between are seen whole by every row of the block.
+    full_lo = n_lo
+    full_hi = seqlen_k
+    if HAS_LEFT:  # keys every row sees from: the last row's left edge
+        full_lo = gl.maximum(full_lo, m0 + BLOCK_M - 1 + diag - window_left)
+    if HAS_RIGHT:  # ... up to the first row's right edge
+        full_hi = gl.minimum(full_hi, m0 + diag + window_right + 1)
+    mbarrier.wait(q_bar.index(WG), 0)
+
+    if n_tiles > 0:
+        # Tile 0: S_0 and its softmax; P_0 V_0 is issued in the next step (or after the loop).
+        mbarrier.wait(k_ready.index(0), 0)
+        _await_turn(turn, 0, WG, PINGPONG)
+        s_tok = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        if (n_lo < full_lo) | (n_lo + BLOCK_N > full_hi):
+            s = _scores(s, n_lo, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in, softcap_out,
+                        slope, s_layout, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)
+        else:
+            s = _scores(s, n_lo, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in, softcap_out,
+                        slope, s_layout, BLOCK_M, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale_log2)
+        for j in range(1, n_tiles):
+            stage = j % NUM_STAGES
+            prev = (j - 1) % NUM_STAGES
+            n0 = n_lo + j * BLOCK_N
+            mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            _await_turn(turn, j, WG, PINGPONG)
+            s_tok = warpgroup_mma(q_tile, k_smem.index(stage).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            o_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
+            _pass_turn(turn, WG, PINGPONG)
+            # wgmma groups complete in order: the one left outstanding is O's, so S_j has landed.
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            if (n0 < full_lo) | (n0 + BLOCK_N > full_hi):
+                s = _scores(s, n0, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in,
+                            softcap_out, slope, s_layout, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                            HAS_ALIBI)
+            else:
+                s = _scores(s, n0, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in,
+                            softcap_out, slope, s_layout, BLOCK_M, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                            HAS_ALIBI)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale_log2)
+            acc = warpgroup_mma_wait(0, deps=[o_tok])
+            mbarrier.arrive(kv_empty.index(prev))  # K_{j-1} and V_{j-1} are read
+            # acc holds the tiles before j relative to the old max; alpha moves it to the new one.
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        last = (n_tiles - 1) % NUM_STAGES
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NUM_STAGES) & 1)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        _await_turn(turn, n_tiles, WG, PINGPONG)
+        o_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        acc = warpgroup_mma_wait(0, deps=[o_tok])
+        mbarrier.arrive(kv_empty.index(last))
+
+    # A row that saw no key (l == 0) gets output 0 and lse -inf, never NaN.
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+    gl.store(LSE + off_b.to(gl.int64) * stride_lse_b + off_h * stride_lse_h + rows, lse, mask=rows < seqlen_q)
+    # O leaves by TMA (rows past seqlen_q and channels past Dv fall outside the descriptor's bounds
+    # and are not written), through Q's buffer where the boxes match: every matmul that read Q has
+    # completed.
+    o_buf = o_smem.index(WG)
+    o_buf.reshape([BLOCK_M, BLOCK_DV]).store(out.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [off_b, m0, off_h, 0], o_buf)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b,
+                          nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks, window_left, window_right,
+                          qk_scale_log2, softcap_in, softcap_out, alibi_to_raw,
+                          BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr, BLOCK_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                          HAS_ALIBI: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    # One partition of 8 compute warps over BLOCK_M rows, or (PINGPONG) two of 4 over half each;
+    # q_desc's and o_desc's boxes are one partition's rows.
+    NUM_Q: gl.constexpr = 2 if PINGPONG else 1
+    ROWS: gl.constexpr = BLOCK_M // NUM_Q
+    # Heaviest row blocks first: with a causal or right-bounded band the last rows see the most
+    # keys, and a short one left for the end fills the tail of the grid.
+    pid_m = num_m_blocks - 1 - gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    off_b = pid_bh // nheads
+    off_h = pid_bh % nheads
+    off_hk = off_h // (nheads // nheads_k)
+    m0 = pid_m * BLOCK_M
+    diag = seqlen_k - seqlen_q
+    # The keys some row of the block sees, [n_lo, n_hi), from whole tiles starting at n_lo.
+    n_lo = 0
+    n_hi = seqlen_k
+    if HAS_LEFT:
+        n_lo = gl.maximum(m0 + diag - window_left, 0) // BLOCK_N * BLOCK_N
+    if HAS_RIGHT:
+        n_hi = gl.minimum(m0 + BLOCK_M - 1 + diag + window_right + 1, seqlen_k)
+    n_tiles = gl.maximum(gl.cdiv(n_hi - n_lo, BLOCK_N), 0)
+
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_Q] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if BLOCK_DV == BLOCK_D:
+        o_smem = q_smem
+    else:
+        o_smem = gl.allocate_shared_memory(dtype, [NUM_Q] + o_desc.block_type.shape, o_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_Q, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(NUM_Q):
+        mbarrier.init(q_bar.index(w), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_Q)  # every compute partition releases the stage
+    fence_async_shared()
+    if PINGPONG:
+        gl.warp_specialize([
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
+                                      LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
+                                      n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                      softcap_in, softcap_out, alibi_to_raw, 0, ROWS, 4, True, BLOCK_D, BLOCK_DV,
+                                      BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
+                                      LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
+                                      n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                      softcap_in, softcap_out, alibi_to_raw, 1, ROWS, 4, True, BLOCK_D, BLOCK_DV,
+                                      BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                                   off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
+        ], [4, 1], [240, 24])
+    else:
+        gl.warp_specialize([
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
+                                      LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
+                                      n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                      softcap_in, softcap_out, alibi_to_raw, 0, ROWS, 8, False, BLOCK_D, BLOCK_DV,
+                                      BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                                   off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
+        ], [1], [24])
+
+
+def padded(head_dim: int) -> int:
+    """A head dim's width inside the kernel: the next power of two, at least 16 (wgmma's K step)."""
+    return max(16, next_power_of_2(head_dim))
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> bool:
+    """Whether the kernel computes this forward (dtypes, head dims, features, alignment), whatever
+    the device; `applies` adds the device and the switches."""
+    if q.dtype not in _GL_DTYPES or q.dim() != 4 or max(q.shape[-1], v.shape[-1]) > 256:
+        return False
+    if a.varlen or a.rotary_dim or a.dropout is not None:
+        return False
+    return all(aligned(t) for t in (q, k, v))
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> bool:
+    """Whether attention_forward takes this kernel: an sm_90 GPU (wgmma is sm_90a's), the tma
+    setting on (TMA is all this kernel loads with), configs.sm90_forward_allowed, and `supports`."""
+    if not a.settings.tma or not sm90_forward_allowed() or triton_interpreted() or not q.is_cuda:
+        return False
+    return descriptors.device_capability(q.device) == (9, 0) and supports(q, k, v, a)
+
+
+def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs,
+                           pingpong: bool | None = None):
+    """(out, lse) by the Gluon kernel; the caller has checked `applies`. pingpong: the two compute
+    partitions' form or the one partition's (None: PINGPONG)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    block_d, block_dv = padded(head_dim), padded(head_dim_v)
+    block_n, stages = tiles(block_d, block_dv)
+    out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
+    lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, batch, False, q.device)
+    alibi, stride_alibi_b = alibi_pointer(q, a)
+    scale = a.softmax_scale
+    num_m_blocks = cdiv(seqlen_q, BLOCK_M)
+    pingpong = PINGPONG if pingpong is None else pingpong
+    rows = BLOCK_M // 2 if pingpong else BLOCK_M  # one compute partition's
+    launch(_attn_fwd_sm90_kernel, (num_m_blocks, batch * nheads), LAUNCH[pingpong],
+           _tile_descriptor(q, rows, block_d), _tile_descriptor(k, block_n, block_d),
+           _tile_descriptor(v, block_n, block_dv), _tile_descriptor(out, rows, block_dv), lse, alibi,
+           stride_lse_b, stride_lse_h, stride_alibi_b, nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks,
+           a.window_left, a.window_right, scale * LOG2E_HOST, scale / a.softcap if a.softcap > 0 else 0.0,
+           a.softcap / scale if a.softcap > 0 else 0.0, 1.0 / scale,
+           BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=stages,
+           PINGPONG=pingpong, HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
+           HAS_ALIBI=a.alibi_slopes is not None)
+    return out, lse
