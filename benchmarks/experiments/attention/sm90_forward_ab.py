@@ -104,9 +104,10 @@ def main(argv):
                 if ref is not None:
                     r["rel_err_vs_cudnn"] = relative_error(o, ref)
         rows.append(rec)
-        print(json.dumps({k: ({kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                              if isinstance(v, dict) else v) for k, v in rec.items()}), flush=True)
-        torch.cuda.empty_cache()
+        cells = [f"{name} {r['fwd_tflops']:.0f}/{r.get('fwdbwd_tflops', float('nan')):.0f}"
+                 f" e{r.get('rel_err_vs_cudnn', float('nan')):.0e}" if "fwd_tflops" in r else f"{name} ERR {r['error'][:80]}"
+                 for name, r in rec.items() if isinstance(r, dict)]
+        print(f"B{b} H{h}/{hk} N{n} D{d}{' causal' if causal else ''}: " + " | ".join(cells), flush=True)
     with open(path, "w") as f:
         json.dump({"metadata": run_metadata(DEV), "rows": rows}, f, indent=1)
 
