@@ -350,13 +350,19 @@ def sm90_min_seqlen(default: int) -> int:
     return int(_override.get("sm90_min_seqlen", default))  # type: ignore[arg-type]
 
 
+# Whether calls take the Gluon forward (forward_sm90.py) where it applies. Off until the kernel has
+# been checked and timed on a GPU (docs/design/attention-forward-sm90.md, "Status"): its tests
+# and the A/B probe take it with override_configs(sm90_forward=True).
+SM90_FORWARD_BY_DEFAULT = False
+
+
 def sm90_forward_allowed() -> bool:
-    """Whether the Gluon forward (forward_sm90.py) may run: yes unless override_configs says
-    sm90_forward=False, or forces what only the triton forward has (its tiling, its key chunks,
-    its channel groups), which tests of those paths do."""
+    """Whether the Gluon forward (forward_sm90.py) may run: as override_configs' sm90_forward says,
+    else SM90_FORWARD_BY_DEFAULT; never where override_configs forces what only the triton forward
+    has (its tiling, its key chunks, its channel groups), which tests of those paths do."""
     if any(name in _override for name in ("forward", "key_chunk", "split_channels")):
         return False
-    return bool(_override.get("sm90_forward", True))
+    return bool(_override.get("sm90_forward", SM90_FORWARD_BY_DEFAULT))
 
 
 @contextlib.contextmanager

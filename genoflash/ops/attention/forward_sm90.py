@@ -28,7 +28,8 @@ aligned run here, Dv != D included. Softcap and ALiBi are applied to the scores 
 applies them (score_mods.py).
 
 Taken where it applies (`applies`): sm_90, 16-bit, fixed lengths, no RoPE or dropout, TMA-aligned
-tensors. Everything else runs forward.py. Not under
+tensors, and configs.sm90_forward_allowed (off by default until the kernel is timed on a GPU: see
+the design note's "Status"). Everything else runs forward.py. Not under
 the Triton interpreter (it has no Gluon): CPU tests check the dispatch rule and compile the kernel
 for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
 """

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import genoflash
-from genoflash.ops.attention import forward_sm90
+from genoflash.ops.attention import configs, forward_sm90
 from genoflash.ops.attention.args import AttentionArgs
 from genoflash.ops.attention.configs import TileConfig, override_configs
 from genoflash.ops.attention.dropout import DropoutArgs
@@ -205,8 +205,10 @@ def test_dispatch_rule():
     q_mis = torch.randn(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
     assert not forward_sm90.supports(q_mis, k, v, plain)
     assert not forward_sm90.applies(q, k, v, plain)  # not on a CPU tensor, nor under the interpreter
-    if ON_SM90:
+    if ON_SM90:  # taken where override_configs or configs.SM90_FORWARD_BY_DEFAULT says
         g = [t.cuda() for t in tensors()]
-        assert forward_sm90.applies(*g, plain)
+        assert forward_sm90.applies(*g, plain) == configs.SM90_FORWARD_BY_DEFAULT
+        with override_configs(sm90_forward=True):
+            assert forward_sm90.applies(*g, plain)
         with override_configs(sm90_forward=False):
             assert not forward_sm90.applies(*g, plain)
