@@ -50,9 +50,6 @@ PROGRAMS_PER_SM = 4      # splits are added until the grid holds this many progr
 MIN_KEYS_PER_SPLIT = 256  # ... while each split keeps at least this many keys
 MAX_SPLITS = 128
 COMBINE_CONFIG = LaunchConfig(num_warps=4, num_stages=1)
-# Merge the parts in the split kernel: the last part of each row block to finish (an atomic count)
-# combines them, and the second kernel goes.
-COMBINE_IN_KERNEL = True
 MAX_ROWS = 128  # query rows per KV head (seqlen_q x group) up to which decoding takes this path
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exercises the splits
 
@@ -62,7 +59,7 @@ INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exerc
 @triton.jit(do_not_specialize=["seqlen_k_fixed"])
 def _decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart,
-    SeqlensK, Leftpad, CacheRows, BlockTable, KeyMask, Alibi, Counts,
+    SeqlensK, Leftpad, CacheRows, BlockTable, KeyMask, Alibi,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -76,7 +73,7 @@ def _decode_split_kernel(
     HAS_SEQLENS: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROWS: tl.constexpr, PAGED: tl.constexpr,
     HAS_KEY_MASK: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -92,6 +89,9 @@ def _decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
+    # A head's offset in a heads-first cache (transformers' (batch, heads, capacity, dim), read in
+    # place) passes 2^31 elements at 32 heads of 1M keys: int64.
+    hk64 = hk.to(tl.int64)
     q_ptrs = Q + b64 * stride_qb + q_idx[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
@@ -138,7 +138,7 @@ def _decode_split_kernel(
         else:
             k_rows = row * stride_kb + slot.to(tl.int64) * stride_kn
             v_rows = row * stride_vb + slot.to(tl.int64) * stride_vn
-        k = tl.load(K + k_rows[:, None] + hk * stride_kh + offs_d[None, :],
+        k = tl.load(K + k_rows[:, None] + hk64 * stride_kh + offs_d[None, :],
                     mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
@@ -152,7 +152,7 @@ def _decode_split_kernel(
             visible = visible & (keep != 0)[None, :]
         s = tl.where(visible, s, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, True)
-        v = tl.load(V + v_rows[:, None] + hk * stride_vh + offs_dv[None, :],
+        v = tl.load(V + v_rows[:, None] + hk64 * stride_vh + offs_dv[None, :],
                     mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     out, lse = _finalize_softmax(acc, m_i, l_i)
@@ -162,59 +162,11 @@ def _decode_split_kernel(
         tl.store(LsePart + part, lse, mask=row_ok)
         tl.store(OutPart + part[:, None] * HEAD_DIM_V + offs_dv[None, :], out,
                  mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
-        if COMBINE:
-            # Every thread's partial is written before the count (the barrier), and the count
-            # releases them to the GPU; the program that counts last acquires every part.
-            tl.debug_barrier()
-            tile = pid_bh * tl.num_programs(2) + pid_m
-            done = tl.atomic_add(Counts + tile, 1, sem="acq_rel", scope="gpu")
-            if done == num_splits - 1:
-                tl.debug_barrier()
-                out, lse = _merge_parts(OutPart, LsePart, b64, head, q_idx, row_ok, offs_dv, batch, nheads,
-                                        seqlen_q, num_splits, HEAD_DIM_V, BLOCK_M, BLOCK_DV)
-                _store_rows(Out, Lse, out, lse, b64, head, q_idx, row_ok, offs_dv, stride_ob, stride_os, stride_oh,
-                            stride_lb, stride_lh, HEAD_DIM_V)
-                tl.store(Counts + tile, 0)  # the count is back at zero for the next call
     else:
-        _store_rows(Out, Lse, out, lse, b64, head, q_idx, row_ok, offs_dv, stride_ob, stride_os, stride_oh,
-                    stride_lb, stride_lh, HEAD_DIM_V)
-
-
-@triton.jit
-def _store_rows(Out, Lse, out, lse, b64, head, q_idx, row_ok, offs_dv, stride_ob, stride_os, stride_oh,
-                stride_lb, stride_lh, HEAD_DIM_V: tl.constexpr):
-    o_ptrs = Out + b64 * stride_ob + q_idx[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
-    tl.store(o_ptrs + offs_dv[None, :], out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
-    tl.store(Lse + b64 * stride_lb + head * stride_lh + q_idx, lse, mask=row_ok)
-
-
-@triton.jit
-def _merge_parts(OutPart, LsePart, b64, head, q_idx, row_ok, offs_dv, batch, nheads, seqlen_q, num_splits,
-                 HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """The packed rows' output and LSE from every part: sum_s exp(lse_s - lse) out_s, with
-    lse = log sum_s exp(lse_s), merged one part at a time. A part that saw no key has LSE -inf and
-    weight 0; rows no part saw get output 0 and LSE -inf. The loads bypass L1 (.cg): the parts were
-    written by other SMs."""
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s in range(0, num_splits):
-        part = ((s * batch + b64) * nheads + head) * seqlen_q + q_idx
-        lse_s = tl.load(LsePart + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        out_s = tl.load(OutPart + part[:, None] * HEAD_DIM_V + offs_dv[None, :],
-                        mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, lse_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every weight is 0
-        alpha = tl.exp(m - m_safe)
-        w = tl.exp(lse_s - m_safe)
-        acc = acc * alpha[:, None] + out_s * w[:, None]
-        total = total * alpha + w
-        m = m_new
-    empty = total == 0.0
-    out = acc / tl.where(empty, 1.0, total)[:, None]
-    lse = tl.where(empty, float("-inf"), tl.where(m == float("-inf"), 0.0, m) + tl.log(tl.where(empty, 1.0, total)))
-    return out, lse
+        o_ptrs = Out + b64 * stride_ob + q_idx[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
+        tl.store(o_ptrs + offs_dv[None, :], out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+        tl.store(Lse + b64 * stride_lb + head * stride_lh + q_idx, lse, mask=row_ok)
 
 
 @triton.jit
@@ -248,23 +200,6 @@ def _combine_kernel(OutPart, LsePart, Out, Lse, batch, nheads, seqlen_q, num_spl
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-_COUNTS: dict[tuple, torch.Tensor] = {}
-
-
-def _zero_counts(device: torch.device, n: int) -> torch.Tensor:
-    """n int32 counters at zero for the in-kernel combine, one per (sequence, KV head, row block).
-    Kept per device and stream and reused: the program that counts last sets its counter back to
-    zero, so a call leaves them as it found them, and calls on one stream never overlap. Calls on
-    different streams get counters of their own."""
-    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    key = (device, stream)
-    counts = _COUNTS.get(key)
-    if counts is None or counts.numel() < n:
-        counts = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTS[key] = counts
-    return counts
 
 
 def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
@@ -309,8 +244,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     split = num_splits > 1
-    combine_in_kernel = split and COMBINE_IN_KERNEL
-    counts = _zero_counts(q.device, batch * nheads_k * row_blocks) if combine_in_kernel else None
     if split:  # one allocation for both partials (a decoding step's host time counts)
         rows_all = num_splits * batch * nheads * seqlen_q
         parts = torch.empty(rows_all * (headdim_v + 1), device=q.device, dtype=torch.float32)
@@ -327,7 +260,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _decode_split_kernel, (num_splits, batch * nheads_k, row_blocks), LaunchConfig(NUM_WARPS, NUM_STAGES),
         q, k_cache, v_cache, out, lse, out_part, lse_part,
         *(t if t is not None else dummy for t in (seqlens_k, leftpad, cache_rows, block_table, mask)), slopes,
-        counts if counts is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -344,10 +276,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HAS_SEQLENS=seqlens_k is not None, HAS_LEFTPAD=leftpad is not None, HAS_ROWS=cache_rows is not None,
         PAGED=paged, HAS_KEY_MASK=mask is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-        FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(), SPLIT=split, COMBINE=combine_in_kernel,
+        FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
         INPUT_PRECISION=input_precision(q.dtype),
     )
-    if split and not combine_in_kernel:
+    if split:
         launch(
             _combine_kernel, (batch * nheads * seqlen_q,), COMBINE_CONFIG,
             out_part, lse_part, out, lse, batch, nheads, seqlen_q, num_splits,

@@ -173,3 +173,22 @@ def test_grid_with_more_than_65535_heads():
     got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
     truth, same = reference_pair(q, k, v, dout, causal=True)
     assert_within_rule(got, truth, same)
+
+
+def test_decoding_reads_a_heads_first_cache_past_2_31_elements():
+    """transformers keeps its KV cache heads-first, (batch, heads, capacity, dim), and decoding reads
+    it in place: here K/V head 16's keys start 16 * 2^21 * 64 = 2^31 elements in (an int32 head
+    offset wrapped there and read out of bounds)."""
+    torch.manual_seed(10)
+    nheads_k, n, d = 17, 2**21, 64
+    kh = torch.randn(1, nheads_k, n, d, device="cuda", dtype=torch.bfloat16)
+    vh = torch.randn_like(kh)
+    q = torch.randn(1, 1, 2 * nheads_k, d, device="cuda", dtype=torch.bfloat16)  # GQA 2:1
+    out = genoflash.flash_attn_with_kvcache(q, kh.transpose(1, 2), vh.transpose(1, 2))
+    for h in (0, 2 * nheads_k - 1):
+        s = (q[0, 0, h].float() @ kh[0, h // 2].float().T) * d**-0.5
+        want = torch.softmax(s, -1) @ vh[0, h // 2].float()
+        torch.testing.assert_close(out[0, 0, h].float(), want, rtol=0, atol=2e-2)
+    del kh, vh
+    gc.collect()
+    torch.cuda.empty_cache()

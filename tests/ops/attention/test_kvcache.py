@@ -136,25 +136,6 @@ def test_matches_the_float64_reference(backend, num_splits, dtype, paged, case, 
     torch.testing.assert_close(after_v, same[3], rtol=0, atol=0)
 
 
-def test_the_in_kernel_combine_leaves_its_counters_at_zero(device):
-    """The last part of each row block merges the parts behind an atomic count and sets the count
-    back to zero, so consecutive calls of different shapes stay correct."""
-    from genoflash.ops.attention import decode
-    torch.manual_seed(0)
-    for batch, nheads, nheads_k, n, splits in ((2, 4, 2, 300, 7), (1, 8, 1, 129, 3), (3, 2, 2, 64, 2)):
-        q = torch.randn(batch, 1, nheads, 32, device=device)
-        k = torch.randn(batch, n, nheads_k, 32, device=device)
-        v = torch.randn(batch, n, nheads_k, 32, device=device)
-        with genoflash.use_backend("triton"):
-            for _ in range(2):
-                got = genoflash.flash_attn_with_kvcache(q, k, v, num_splits=splits)
-        with genoflash.use_backend("torch"):
-            want = genoflash.flash_attn_with_kvcache(q, k, v)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        assert decode.COMBINE_IN_KERNEL and decode._COUNTS
-        assert all(int(c.abs().sum()) == 0 for c in decode._COUNTS.values())
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_whole_cache_is_read_in_place(backend, device):
     """A prefill too long to decode (65 queries x 2 heads per KV head > decode.MAX_ROWS), with
