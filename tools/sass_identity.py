@@ -40,7 +40,9 @@ CASES = {
     "notma-128": "plain 128 --no-tma", "fp16-80": "plain 80 --dtype float16", "fp32-64": "plain 64 --dtype float32",
     "mamba-forward-cf": "mamba 16 --sequential-forward --channels-first",
     "mamba-forward-rows": "mamba 16 --sequential-forward", "mamba-cf": "mamba 16 --channels-first",
-    "mamba-rows": "mamba 16",
+    "mamba-rows": "mamba 16", "sm90fwd-128-causal": "plain 128 --sm90-forward --causal",
+    "sm90fwd-64-192-mods": "plain 64 192 --sm90-forward --softcap 5 --alibi",
+    "sm90fwd-window-96-gqa": "window 96 --sm90-forward --gqa",
 }
 _PARAM = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
 _REGISTER = re.compile(r"\bU?R\d+\b")

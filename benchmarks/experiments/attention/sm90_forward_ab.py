@@ -1,6 +1,7 @@
-"""A/B of the Gluon forward (forward_sm90.py) against the triton forward, SDPA's cuDNN and flash backends,
-and flash-attn-4 where it is importable, on issue shapes; forward and fwd+bwd TF/s (the standard formula),
-medians, all in one process. Also checks each genoflash output against SDPA's (relative error).
+"""Probe (cited by docs/design/attention-forward-sm90.md): the Gluon forward (forward_sm90.py, forced with
+override_configs) against the triton forward, SDPA's cuDNN and flash backends, and flash-attn-4 where it is
+importable; forward and fwd+bwd TF/s (the standard formula), medians, all in one process, with each
+output's relative error against cuDNN's.
 
     python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick]
 """
@@ -42,17 +43,7 @@ def providers(causal):
                                                       enable_gqa=kt.shape[1] != qt.shape[1]).transpose(1, 2)
         return run
 
-    def direct(pingpong):  # the Gluon kernel in one form, forward only (no autograd, no plan)
-        from genoflash.ops.attention import forward_sm90
-        from genoflash.ops.attention.args import AttentionArgs
-
-        def run(q, k, v):
-            a = AttentionArgs(q.shape[-1] ** -0.5, -1, 0 if causal else -1)
-            return forward_sm90.attention_forward_sm90(q.detach(), k.detach(), v.detach(), a, pingpong=pingpong)[0]
-        return run
-
-    out = {"genoflash": gf, "genoflash-triton": gf_triton, "gluon-pingpong": direct(True),
-           "gluon-one-partition": direct(False),
+    out = {"genoflash": gf, "genoflash-triton": gf_triton,
            "cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
            "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)}
     try:
@@ -87,15 +78,13 @@ def main(argv):
                 if ref is None and name == "cudnn":
                     ref = out
                 fwd = median_ms(lambda: fn(q, k, v), DEV)
-                rec[name] = {"fwd_ms": fwd, "fwd_tflops": tflops(attention_flops(b, h, n, d, causal, False), fwd),
-                             "out": out}
-                if not name.startswith("gluon-"):
-                    def fb():
-                        o = fn(q, k, v)
-                        torch.autograd.grad(o, (q, k, v), dout)
-                    fwdbwd = median_ms(fb, DEV)
-                    rec[name].update(fwdbwd_ms=fwdbwd,
-                                     fwdbwd_tflops=tflops(attention_flops(b, h, n, d, causal, True), fwdbwd))
+                def fb():
+                    o = fn(q, k, v)
+                    torch.autograd.grad(o, (q, k, v), dout)
+                fwdbwd = median_ms(fb, DEV)
+                rec[name] = {"fwd_ms": fwd, "fwdbwd_ms": fwdbwd, "out": out,
+                             "fwd_tflops": tflops(attention_flops(b, h, n, d, causal, False), fwd),
+                             "fwdbwd_tflops": tflops(attention_flops(b, h, n, d, causal, True), fwdbwd)}
             except Exception as e:
                 rec[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             torch.cuda.empty_cache()

@@ -350,9 +350,9 @@ def sm90_min_seqlen(default: int) -> int:
     return int(_override.get("sm90_min_seqlen", default))  # type: ignore[arg-type]
 
 
-# Whether calls take the Gluon forward (forward_sm90.py) where it applies. Off until the kernel has
-# been checked and timed on a GPU (docs/design/attention-forward-sm90.md, "Status"): its tests
-# and the A/B probe take it with override_configs(sm90_forward=True).
+# Whether calls take the Gluon forward (forward_sm90.py) where it applies. Off: it passes its GPU
+# tests but runs at 0.86-1.00x the triton forward (docs/design/attention-forward-sm90.md,
+# "Measurements"); its tests and the A/B probe take it with override_configs(sm90_forward=True).
 SM90_FORWARD_BY_DEFAULT = False
 
 

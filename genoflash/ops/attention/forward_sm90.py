@@ -7,19 +7,22 @@ compute. This kernel says what overlaps (docs/design/attention-forward-sm90.md):
 - 1 load warp (24 registers): Q once, then K and V tile by tile by TMA into a ring of NUM_STAGES
   buffers, each K and V with a barrier of its own (`k_ready`, `v_ready`), refilled once the compute
   warps release the stage (`kv_empty`);
-- 8 compute warps (two warpgroups of 64 query rows, 240 registers each thread): per key tile j,
+- 2 compute warpgroups (4 warps each, 64 query rows each, 240 registers a thread), each a
+  partition of its own; per key tile j,
 
+      wait for this warpgroup's turn
       issue S_j = Q K_j^T             (async wgmma)
       issue O += P_{j-1} V_{j-1}      (async wgmma, P from registers)
+      pass the turn to the other warpgroup
       wait S_j; softmax of S_j        (runs while the tensor cores do P_{j-1} V_{j-1})
       wait O; release stage j-1; O *= alpha_j
 
-  so the exponentials of one tile run under the previous tile's PV matmul, and the two
-  warpgroups, which share no state, drift into each other's gaps.
+  so the exponentials of one tile run under the previous tile's PV matmul and under the other
+  warpgroup's matmuls (ping-pong: the turns keep the two from issuing at once).
 
 One program owns BLOCK_M query rows of one head; the grid runs the row blocks heaviest-first
 (causal row blocks near the bottom see the most keys). Keys are read for the band the rows can
-see ([n_lo, n_hi), masks.py's bounds): tiles outside a causal or windowed band are never loaded.
+see ([n_lo, n_hi)): tiles outside a causal or windowed band are never loaded.
 Tiles that cross a mask edge or the end of the keys are masked; the others are not.
 
 Head dims are padded to a power of two inside the kernel (the TMA boxes are that wide: they read
@@ -28,8 +31,8 @@ aligned run here, Dv != D included. Softcap and ALiBi are applied to the scores 
 applies them (score_mods.py).
 
 Taken where it applies (`applies`): sm_90, 16-bit, fixed lengths, no RoPE or dropout, TMA-aligned
-tensors, and configs.sm90_forward_allowed (off by default until the kernel is timed on a GPU: see
-the design note's "Status"). Everything else runs forward.py. Not under
+tensors, and configs.sm90_forward_allowed (off by default: it is not yet faster than the triton
+forward; the design note's "Measurements"). Everything else runs forward.py. Not under
 the Triton interpreter (it has no Gluon): CPU tests check the dispatch rule and compile the kernel
 for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
 """
@@ -68,10 +71,9 @@ def tiles(block_d: int, block_dv: int) -> tuple[int, int]:
     stages = min(MAX_STAGES, (SMEM_BYTES - fixed) // (block_n * (block_d + block_dv) * 2))
     return block_n, stages
 LN2 = gl.constexpr(0.6931471805599453)  # ln(2): lse from base 2 to natural log
-# The default partition's warps (the other partitions come from warp_specialize): all 8 compute
-# warps, or with ping-pong the first warpgroup.
-LAUNCH = {False: LaunchConfig(num_warps=8, num_stages=1), True: LaunchConfig(num_warps=4, num_stages=1)}
-PINGPONG = True  # two compute partitions taking turns (docs/design/attention-forward-sm90.md)
+# The default partition's warps: the first compute warpgroup (the second and the load warp come
+# from warp_specialize).
+LAUNCH = LaunchConfig(num_warps=4, num_stages=1)
 
 
 @gluon.jit
@@ -95,17 +97,15 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k
 
 
 @gluon.jit
-def _await_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _await_turn(turn, t, WG: gl.constexpr):
     """Ping-pong: warpgroup WG may issue its t-th round of matmuls once the other has issued its
     own (WG 0 goes first). A fresh barrier passes a wait for parity 1, so WG 0's first wait does."""
-    if PINGPONG:
-        mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
+    mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
 
 
 @gluon.jit
-def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG))
+def _pass_turn(turn, WG: gl.constexpr):
+    mbarrier.arrive(turn.index(1 - WG))
 
 
 @gluon.jit
@@ -156,19 +156,18 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2):
 def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, LSE,
                            ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles,
                            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2, softcap_in,
-                           softcap_out, alibi_to_raw, WG: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr,
-                           PINGPONG: gl.constexpr, BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
+                           softcap_out, alibi_to_raw, WG: gl.constexpr, ROWS: gl.constexpr,
+                           BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                            HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
-    """WARPS compute warps (64 query rows per warpgroup) that own ROWS query rows, from
-    m0 + WG * ROWS: all 8 as one partition, or (PINGPONG) one warpgroup per partition, the two
-    taking turns to issue their matmuls. See the module docstring for the step."""
+    """One compute warpgroup (4 warps), which owns the ROWS query rows from m0 + WG * ROWS and takes
+    turns with the other to issue its matmuls. See the module docstring for the step."""
     dtype: gl.constexpr = q_smem.dtype
     BLOCK_M: gl.constexpr = ROWS  # this partition's rows
     m0 = m0 + WG * ROWS
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_DV, 16])
     # P as the left operand of O += P V from registers: S's accumulator fragment is already the
     # operand's, so the conversion moves no data.
@@ -198,10 +197,10 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
     if n_tiles > 0:
         # Tile 0: S_0 and its softmax; P_0 V_0 is issued in the next step (or after the loop).
         mbarrier.wait(k_ready.index(0), 0)
-        _await_turn(turn, 0, WG, PINGPONG)
+        _await_turn(turn, 0, WG)
         s_tok = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
+        _pass_turn(turn, WG)
         s = warpgroup_mma_wait(0, deps=[s_tok])
         if (n_lo < full_lo) | (n_lo + BLOCK_N > full_hi):
             s = _scores(s, n_lo, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in, softcap_out,
@@ -217,11 +216,11 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
             mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-            _await_turn(turn, j, WG, PINGPONG)
+            _await_turn(turn, j, WG)
             s_tok = warpgroup_mma(q_tile, k_smem.index(stage).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             o_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-            _pass_turn(turn, WG, PINGPONG)
+            _pass_turn(turn, WG)
             # wgmma groups complete in order: the one left outstanding is O's, so S_j has landed.
             s = warpgroup_mma_wait(1, deps=[s_tok])
             if (n0 < full_lo) | (n0 + BLOCK_N > full_hi):
@@ -240,9 +239,9 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
         last = (n_tiles - 1) % NUM_STAGES
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NUM_STAGES) & 1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
-        _await_turn(turn, n_tiles, WG, PINGPONG)
+        _await_turn(turn, n_tiles, WG)
         o_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
+        _pass_turn(turn, WG)
         acc = warpgroup_mma_wait(0, deps=[o_tok])
         mbarrier.arrive(kv_empty.index(last))
 
@@ -268,13 +267,11 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
                           nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks, window_left, window_right,
                           qk_scale_log2, softcap_in, softcap_out, alibi_to_raw,
                           BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr, BLOCK_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                           HAS_ALIBI: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
-    # One partition of 8 compute warps over BLOCK_M rows, or (PINGPONG) two of 4 over half each;
-    # q_desc's and o_desc's boxes are one partition's rows.
-    NUM_Q: gl.constexpr = 2 if PINGPONG else 1
+    # Two compute warpgroups of BLOCK_M / 2 rows each; q_desc's and o_desc's boxes are one's rows.
+    NUM_Q: gl.constexpr = 2
     ROWS: gl.constexpr = BLOCK_M // NUM_Q
     # Heaviest row blocks first: with a causal or right-bounded band the last rows see the most
     # keys, and a short one left for the end fills the tail of the grid.
@@ -315,31 +312,20 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=NUM_Q)  # every compute partition releases the stage
     fence_async_shared()
-    if PINGPONG:
-        gl.warp_specialize([
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
-                                      LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
-                                      n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                      softcap_in, softcap_out, alibi_to_raw, 0, ROWS, 4, True, BLOCK_D, BLOCK_DV,
-                                      BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
-                                      LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
-                                      n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                      softcap_in, softcap_out, alibi_to_raw, 1, ROWS, 4, True, BLOCK_D, BLOCK_DV,
-                                      BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-            (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                                   off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
-        ], [4, 1], [240, 24])
-    else:
-        gl.warp_specialize([
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
-                                      LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
-                                      n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                      softcap_in, softcap_out, alibi_to_raw, 0, ROWS, 8, False, BLOCK_D, BLOCK_DV,
-                                      BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-            (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                                   off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
-        ], [1], [24])
+    gl.warp_specialize([
+        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
+                                  LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
+                                  n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                  softcap_in, softcap_out, alibi_to_raw, 0, ROWS, BLOCK_D, BLOCK_DV,
+                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
+                                  LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
+                                  n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                  softcap_in, softcap_out, alibi_to_raw, 1, ROWS, BLOCK_D, BLOCK_DV,
+                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+        (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                               off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
+    ], [4, 1], [240, 24])
 
 
 def padded(head_dim: int) -> int:
@@ -365,10 +351,8 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs)
     return descriptors.device_capability(q.device) == (9, 0) and supports(q, k, v, a)
 
 
-def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs,
-                           pingpong: bool | None = None):
-    """(out, lse) by the Gluon kernel; the caller has checked `applies`. pingpong: the two compute
-    partitions' form or the one partition's (None: PINGPONG)."""
+def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
+    """(out, lse) by the Gluon kernel; the caller has checked `applies`."""
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
     block_d, block_dv = padded(head_dim), padded(head_dim_v)
@@ -378,15 +362,14 @@ def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scale = a.softmax_scale
     num_m_blocks = cdiv(seqlen_q, BLOCK_M)
-    pingpong = PINGPONG if pingpong is None else pingpong
-    rows = BLOCK_M // 2 if pingpong else BLOCK_M  # one compute partition's
-    launch(_attn_fwd_sm90_kernel, (num_m_blocks, batch * nheads), LAUNCH[pingpong],
+    rows = BLOCK_M // 2  # one compute warpgroup's
+    launch(_attn_fwd_sm90_kernel, (num_m_blocks, batch * nheads), LAUNCH,
            _tile_descriptor(q, rows, block_d), _tile_descriptor(k, block_n, block_d),
            _tile_descriptor(v, block_n, block_dv), _tile_descriptor(out, rows, block_dv), lse, alibi,
            stride_lse_b, stride_lse_h, stride_alibi_b, nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks,
            a.window_left, a.window_right, scale * LOG2E_HOST, scale / a.softcap if a.softcap > 0 else 0.0,
            a.softcap / scale if a.softcap > 0 else 0.0, 1.0 / scale,
            BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=stages,
-           PINGPONG=pingpong, HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
+           HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
            HAS_ALIBI=a.alibi_slopes is not None)
     return out, lse

@@ -44,12 +44,6 @@ def sm90_calls(monkeypatch):
         yield calls
 
 
-@pytest.fixture(params=[True, False], ids=["pingpong", "one-partition"])
-def both_forms(request, monkeypatch):
-    """The kernel's two forms: two compute partitions taking turns, or one of 8 warps."""
-    monkeypatch.setattr(forward_sm90, "PINGPONG", request.param)
-
-
 def _qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dtype, dv=None):
     q = torch.randn(batch, seqlen_q, nheads, d, device="cuda", dtype=dtype).requires_grad_()
     k = torch.randn(batch, seqlen_k, nheads_k, d, device="cuda", dtype=dtype).requires_grad_()
@@ -80,7 +74,6 @@ def _check(q, k, v, dout, calls, **features):
     (1, 1, 777),
 ])
 @pytest.mark.parametrize("d", [128, 64])
-@pytest.mark.usefixtures("both_forms")
 def test_gluon_forward_within_the_rule(batch, seqlen_q, seqlen_k, mask, dtype, d, sm90_calls):
     torch.manual_seed(seqlen_q * 31 + seqlen_k + d)
     q, k, v, dout = _qkv(batch, seqlen_q, seqlen_k, 2, 2, d, dtype)
@@ -102,12 +95,13 @@ def test_gluon_forward_gqa(nheads_k, d, sm90_calls):
 @sm90
 @pytest.mark.gpu
 @pytest.mark.usefixtures("poison_allocations")
-@pytest.mark.parametrize("d, dv", [(96, 96), (256, 256), (64, 192), (192, 128), (32, 32), (40, 40), (80, 112)])
+@pytest.mark.parametrize("d, dv", [(96, 96), (256, 256), (64, 192), (192, 128), (32, 32), (40, 40), (80, 112),
+                                   (59, 59)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.usefixtures("both_forms")
 def test_gluon_forward_head_dims(d, dv, causal, sm90_calls):
     """Head dims padded to a power of two inside the kernel (its boxes read zeros past the head dim
-    and write nothing there), and Dv != D."""
+    and write nothing there), and Dv != D. 59 is first padded to 64 by the interface (rows of 118
+    bytes cannot be TMA tiles), as every head dim that is not a multiple of 8."""
     torch.manual_seed(d * 7 + dv)
     q, k, v, dout = _qkv(2, 259, 300, 2, 2, d, torch.bfloat16, dv=dv)
     _check(q, k, v, dout, sm90_calls, causal=causal)
@@ -156,9 +150,8 @@ def test_gluon_forward_strided_inputs(sm90_calls):
 @sm90
 @pytest.mark.gpu
 def test_gluon_forward_is_not_taken_where_it_does_not_apply(sm90_calls):
-    """Dropout, RoPE, varlen, head dims past 256 or with rows not 16-byte aligned, fp32,
-    misaligned tensors, the tma setting off and override_configs(sm90_forward=False) run the
-    triton forward."""
+    """Dropout, RoPE, varlen, fp32, misaligned tensors, the tma setting off,
+    override_configs(sm90_forward=False) and a forced triton tiling run the triton forward."""
     torch.manual_seed(53)
     q, k, v, _ = _qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
     cos, sin = rotary_tables(200, 128, device="cuda")
@@ -166,7 +159,6 @@ def test_gluon_forward_is_not_taken_where_it_does_not_apply(sm90_calls):
         genoflash.flash_attn_func(q, k, v, **features)
     cu = torch.tensor([0, 50, 200], device="cuda", dtype=torch.int32)
     genoflash.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 150, 150)
-    genoflash.flash_attn_func(*_qkv(1, 200, 200, 2, 2, 59, torch.bfloat16)[:3])
     genoflash.flash_attn_func(*_qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3])
     q_mis = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape)
     genoflash.flash_attn_func(q_mis, k, v)
