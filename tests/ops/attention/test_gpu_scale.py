@@ -184,6 +184,10 @@ def test_decoding_reads_a_heads_first_cache_past_2_31_elements():
     kh = torch.randn(1, nheads_k, n, d, device="cuda", dtype=torch.bfloat16)
     vh = torch.randn_like(kh)
     q = torch.randn(1, 1, 2 * nheads_k, d, device="cuda", dtype=torch.bfloat16)  # GQA 2:1
+    # One key per checked head that its query picks out (score ~ 8 |q|^2 / sqrt(d), far above the
+    # rest): the output is that key's value, O(1), so reading another head's keys cannot pass.
+    for h, j in ((0, 12345), (2 * nheads_k - 1, n - 7)):
+        kh[0, h // 2, j] = 8 * q[0, 0, h]
     out = genoflash.flash_attn_with_kvcache(q, kh.transpose(1, 2), vh.transpose(1, 2))
     for h in (0, 2 * nheads_k - 1):
         s = (q[0, 0, h].float() @ kh[0, h // 2].float().T) * d**-0.5
