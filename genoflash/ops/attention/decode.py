@@ -49,6 +49,7 @@ NUM_STAGES = 2
 PROGRAMS_PER_SM = 4      # splits are added until the grid holds this many programs per SM ...
 MIN_KEYS_PER_SPLIT = 256  # ... while each split keeps at least this many keys
 MAX_SPLITS = 128
+SPLIT_CONFIG = LaunchConfig(NUM_WARPS, NUM_STAGES)
 COMBINE_CONFIG = LaunchConfig(num_warps=4, num_stages=1)
 MAX_ROWS = 128  # query rows per KV head (seqlen_q x group) up to which decoding takes this path
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exercises the splits
@@ -211,6 +212,24 @@ def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
     return max(1, min(want, cdiv(max_keys, MIN_KEYS_PER_SPLIT), MAX_SPLITS))
 
 
+@functools.lru_cache(maxsize=256)
+def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, has_seqlens: bool, has_leftpad: bool,
+                      has_rows: bool, paged: bool, has_mask: bool, has_left: bool, has_right: bool, has_softcap: bool,
+                      has_alibi: bool, dtype: torch.dtype, split: bool) -> dict:
+    """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
+    counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
+    return dict(
+        HEAD_DIM=headdim, HEAD_DIM_V=headdim_v, GROUP=group,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=max(16, next_power_of_2(headdim)),
+        BLOCK_DV=max(16, next_power_of_2(headdim_v)),
+        HAS_SEQLENS=has_seqlens, HAS_LEFTPAD=has_leftpad, HAS_ROWS=has_rows,
+        PAGED=paged, HAS_KEY_MASK=has_mask, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi,
+        FAST_TANH=dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
+        INPUT_PRECISION=input_precision(dtype),
+    )
+
+
 def rows_per_kv_head(seqlen_q: int, nheads: int, nheads_k: int) -> int:
     return seqlen_q * (nheads // nheads_k)
 
@@ -256,34 +275,28 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     dummy = lse  # stands for the index tensors a call does not have: never read
     # launch(): after the first call of a specialisation, the compiled kernel is called directly,
     # without triton's per-launch binding of ~50 arguments (launch.py): a decoding step is short.
+    # out and lse are fresh and contiguous: their strides are known without asking.
+    out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
+    lse_strides = (nheads * seqlen_q, seqlen_q)
     launch(
-        _decode_split_kernel, (num_splits, batch * nheads_k, row_blocks), LaunchConfig(NUM_WARPS, NUM_STAGES),
+        _decode_split_kernel, (num_splits, batch * nheads_k, row_blocks), SPLIT_CONFIG,
         q, k_cache, v_cache, out, lse, out_part, lse_part,
         *(t if t is not None else dummy for t in (seqlens_k, leftpad, cache_rows, block_table, mask)), slopes,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
+        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out_strides, *lse_strides,
         block_table.stride(0) if paged else 0, mask.stride(0) if mask is not None else 0,
         alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
         batch, seqlen_q, nheads, num_splits, k_cache.shape[1] if paged else 1, max_seqlen_k,
         softmax_scale * LOG2E_HOST, 1.0 / softmax_scale, window_left, window_right,
         softmax_scale / softcap if softcap > 0 else 0.0, softcap / softmax_scale if softcap > 0 else 0.0,
-        HEAD_DIM=headdim, HEAD_DIM_V=headdim_v, GROUP=group,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=max(16, next_power_of_2(headdim)),
-        BLOCK_DV=max(16, next_power_of_2(headdim_v)),
-        HAS_SEQLENS=seqlens_k is not None, HAS_LEFTPAD=leftpad is not None, HAS_ROWS=cache_rows is not None,
-        PAGED=paged, HAS_KEY_MASK=mask is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-        FAST_TANH=q.dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
-        INPUT_PRECISION=input_precision(q.dtype),
+        **_split_constexprs(headdim, headdim_v, group, block_m, seqlens_k is not None, leftpad is not None,
+                            cache_rows is not None, paged, mask is not None, window_left >= 0, window_right >= 0,
+                            softcap > 0, alibi_slopes is not None, q.dtype, split),
     )
     if split:
         launch(
             _combine_kernel, (batch * nheads * seqlen_q,), COMBINE_CONFIG,
             out_part, lse_part, out, lse, batch, nheads, seqlen_q, num_splits,
-            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            *out_strides, *lse_strides,
             HEAD_DIM_V=headdim_v, BLOCK_S=max(2, next_power_of_2(num_splits)),
             BLOCK_DV=max(16, next_power_of_2(headdim_v)),
         )
