@@ -54,11 +54,14 @@ from .configs import LaunchConfig, sm90_forward_allowed
 from .descriptors import aligned
 from .kernel_args import alibi_pointer, lse_layout
 from .launch import launch
-from .softmax import LOG2E_HOST
+from .softmax import LN2, LOG2E_HOST  # LN2: lse from base 2 to natural log
 
 BLOCK_M = 128  # query rows per program: two warpgroups of 64 (wgmma's rows per warpgroup)
 SMEM_BYTES = 220 * 1024  # of the 227 KB an sm_90 block may take, with room for the barriers
 MAX_STAGES = 3
+# The default partition's warps: the first compute warpgroup (the second and the load warp come
+# from warp_specialize).
+LAUNCH = LaunchConfig(num_warps=4, num_stages=1)
 
 
 def tiles(block_d: int, block_dv: int) -> tuple[int, int]:
@@ -70,10 +73,6 @@ def tiles(block_d: int, block_dv: int) -> tuple[int, int]:
     fixed = BLOCK_M * block_d * 2 + (BLOCK_M * block_dv * 2 if block_dv != block_d else 0)
     stages = min(MAX_STAGES, (SMEM_BYTES - fixed) // (block_n * (block_d + block_dv) * 2))
     return block_n, stages
-LN2 = gl.constexpr(0.6931471805599453)  # ln(2): lse from base 2 to natural log
-# The default partition's warps: the first compute warpgroup (the second and the load warp come
-# from warp_specialize).
-LAUNCH = LaunchConfig(num_warps=4, num_stages=1)
 
 
 @gluon.jit
@@ -267,8 +266,8 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
                           nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks, window_left, window_right,
                           qk_scale_log2, softcap_in, softcap_out, alibi_to_raw,
                           BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr, BLOCK_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                          HAS_ALIBI: gl.constexpr):
+                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+                          HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     # Two compute warpgroups of BLOCK_M / 2 rows each; q_desc's and o_desc's boxes are one's rows.
     NUM_Q: gl.constexpr = 2
