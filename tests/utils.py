@@ -25,6 +25,15 @@ def random_qkv(batch, seqlen_q, seqlen_k, nheads, headdim, dtype, device, requir
                                                                       dtype=dtype, device=device)
 
 
+def random_gqa_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dtype, dv=None, device="cuda"):
+    """Fresh normal q (nheads heads), k and v (nheads_k heads; v's head dim dv, by default d), all
+    requiring grad, and a random upstream gradient shaped as the output."""
+    q = torch.randn(batch, seqlen_q, nheads, d, device=device, dtype=dtype).requires_grad_()
+    k = torch.randn(batch, seqlen_k, nheads_k, d, device=device, dtype=dtype).requires_grad_()
+    v = torch.randn(batch, seqlen_k, nheads_k, dv or d, device=device, dtype=dtype).requires_grad_()
+    return q, k, v, torch.randn(batch, seqlen_q, nheads, dv or d, device=device, dtype=dtype)
+
+
 def outputs_and_grads(fn, q, k, v, dout):
     out = fn(q, k, v)
     grads = torch.autograd.grad(out, (q, k, v), dout)

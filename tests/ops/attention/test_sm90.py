@@ -21,7 +21,7 @@ from genoflash.ops.attention.configs import override_configs
 from genoflash.ops.attention.dropout import DropoutArgs
 from genoflash.ops.rotary import rotary_tables
 
-from tests.utils import assert_within_rule, outputs_and_grads, reference_pair
+from tests.utils import assert_within_rule, outputs_and_grads, random_gqa_qkv, reference_pair
 from tests.utils import HAS_CUDA
 
 ON_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
@@ -45,13 +45,6 @@ def sm90_calls(monkeypatch):
         yield calls
 
 
-def _qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dtype):
-    q = torch.randn(batch, seqlen_q, nheads, d, device="cuda", dtype=dtype).requires_grad_()
-    k, v = (torch.randn(batch, seqlen_k, nheads_k, d, device="cuda", dtype=dtype).requires_grad_()
-            for _ in range(2))
-    return q, k, v, torch.randn(batch, seqlen_q, nheads, d, device="cuda", dtype=dtype)
-
-
 def _check(q, k, v, dout, calls, **features):
     got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features), q, k, v, dout)
     assert len(calls) == 1, "the Gluon backward was not taken"
@@ -71,7 +64,7 @@ def _check(q, k, v, dout, calls, **features):
 @pytest.mark.parametrize("d", [128, 64, 256])
 def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype, d, sm90_calls):
     torch.manual_seed(seqlen_q * 31 + seqlen_k + d)
-    q, k, v, dout = _qkv(batch, seqlen_q, seqlen_k, 2, 2, d, dtype)
+    q, k, v, dout = random_gqa_qkv(batch, seqlen_q, seqlen_k, 2, 2, d, dtype)
     _check(q, k, v, dout, sm90_calls, causal=causal)
 
 
@@ -83,7 +76,7 @@ def test_gluon_backward_within_the_rule(batch, seqlen_q, seqlen_k, causal, dtype
 def test_gluon_backward_gqa(nheads_k, d, sm90_calls):
     """Each program streams the query tiles of every query head in its K/V head's group."""
     torch.manual_seed(40 + nheads_k)
-    q, k, v, dout = _qkv(2, 777, 1000, 4, nheads_k, d, torch.bfloat16)
+    q, k, v, dout = random_gqa_qkv(2, 777, 1000, 4, nheads_k, d, torch.bfloat16)
     _check(q, k, v, dout, sm90_calls, causal=True)
 
 
@@ -107,13 +100,14 @@ def test_gluon_backward_is_not_taken_where_it_does_not_apply(sm90_calls):
     """deterministic=True, every other feature, head dim 96, fp32 and misaligned tensors run
     the triton backward; so does the tma setting off (TMA is all the kernel loads with)."""
     torch.manual_seed(42)
-    q, k, v, dout = _qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
+    q, k, v, dout = random_gqa_qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
     cos, sin = rotary_tables(200, 128, device="cuda")
     others = [dict(deterministic=True), dict(dropout_p=0.1), dict(window_size=(30, 30)), dict(softcap=5.0),
               dict(alibi_slopes=torch.rand(2, device="cuda")), dict(rotary_cos=cos, rotary_sin=sin)]
     for features in others:
         outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **features), q, k, v, dout)
-    for qkv in (_qkv(1, 200, 200, 2, 2, 96, torch.bfloat16)[:3], _qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3]):
+    for qkv in (random_gqa_qkv(1, 200, 200, 2, 2, 96, torch.bfloat16)[:3],
+                random_gqa_qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3]):
         outputs_and_grads(genoflash.flash_attn_func, *qkv, torch.randn_like(qkv[0]))
     # A q whose base is off 16-byte alignment cannot be a TMA descriptor.
     q_mis = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape).requires_grad_()

@@ -22,7 +22,7 @@ from genoflash.ops.attention.dropout import DropoutArgs
 from genoflash.ops.attention.reference import attention_reference
 from genoflash.ops.rotary import rotary_tables
 
-from tests.utils import HAS_CUDA, assert_within_rule, outputs_and_grads, reference_pair
+from tests.utils import HAS_CUDA, assert_within_rule, outputs_and_grads, random_gqa_qkv, reference_pair
 
 ON_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 GPU (H100 / H200)")
@@ -42,13 +42,6 @@ def sm90_calls(monkeypatch):
     monkeypatch.setattr(forward_sm90, "attention_forward_sm90", spy)
     with override_configs(sm90_forward=True):
         yield calls
-
-
-def _qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dtype, dv=None):
-    q = torch.randn(batch, seqlen_q, nheads, d, device="cuda", dtype=dtype).requires_grad_()
-    k = torch.randn(batch, seqlen_k, nheads_k, d, device="cuda", dtype=dtype).requires_grad_()
-    v = torch.randn(batch, seqlen_k, nheads_k, dv or d, device="cuda", dtype=dtype).requires_grad_()
-    return q, k, v, torch.randn(batch, seqlen_q, nheads, dv or d, device="cuda", dtype=dtype)
 
 
 def _check(q, k, v, dout, calls, **features):
@@ -76,7 +69,7 @@ def _check(q, k, v, dout, calls, **features):
 @pytest.mark.parametrize("d", [128, 64])
 def test_gluon_forward_within_the_rule(batch, seqlen_q, seqlen_k, mask, dtype, d, sm90_calls):
     torch.manual_seed(seqlen_q * 31 + seqlen_k + d)
-    q, k, v, dout = _qkv(batch, seqlen_q, seqlen_k, 2, 2, d, dtype)
+    q, k, v, dout = random_gqa_qkv(batch, seqlen_q, seqlen_k, 2, 2, d, dtype)
     features = {"full": {}, "causal": dict(causal=True), "window": dict(window_size=(150, 40))}[mask]
     _check(q, k, v, dout, sm90_calls, **features)
 
@@ -88,7 +81,7 @@ def test_gluon_forward_within_the_rule(batch, seqlen_q, seqlen_k, mask, dtype, d
 @pytest.mark.parametrize("d", [128, 64])
 def test_gluon_forward_gqa(nheads_k, d, sm90_calls):
     torch.manual_seed(50 + nheads_k)
-    q, k, v, dout = _qkv(2, 777, 1000, 4, nheads_k, d, torch.bfloat16)
+    q, k, v, dout = random_gqa_qkv(2, 777, 1000, 4, nheads_k, d, torch.bfloat16)
     _check(q, k, v, dout, sm90_calls, causal=True)
 
 
@@ -103,7 +96,7 @@ def test_gluon_forward_head_dims(d, dv, causal, sm90_calls):
     and write nothing there), and Dv != D. 59 is first padded to 64 by the interface (rows of 118
     bytes cannot be TMA tiles), as every head dim that is not a multiple of 8."""
     torch.manual_seed(d * 7 + dv)
-    q, k, v, dout = _qkv(2, 259, 300, 2, 2, d, torch.bfloat16, dv=dv)
+    q, k, v, dout = random_gqa_qkv(2, 259, 300, 2, 2, d, torch.bfloat16, dv=dv)
     _check(q, k, v, dout, sm90_calls, causal=causal)
 
 
@@ -114,7 +107,7 @@ def test_gluon_forward_head_dims(d, dv, causal, sm90_calls):
 @pytest.mark.parametrize("d", [128, 64])
 def test_gluon_forward_score_mods(features, d, sm90_calls):
     torch.manual_seed(54 + d)
-    q, k, v, dout = _qkv(2, 333, 517, 2, 2, d, torch.bfloat16)
+    q, k, v, dout = random_gqa_qkv(2, 333, 517, 2, 2, d, torch.bfloat16)
     slopes = torch.rand(2, device="cuda")
     kw = {"softcap": dict(softcap=3.0), "alibi": dict(alibi_slopes=slopes, causal=True),
           "alibi-per-batch": dict(alibi_slopes=torch.rand(2, 2, device="cuda")),
@@ -130,7 +123,7 @@ def test_gluon_forward_band_edges(window, sm90_calls):
     """Bands narrower than a tile, open on one side, and rows that see no key (Nq > Nk with a
     right bound: the first rows' bands end before key 0)."""
     torch.manual_seed(51)
-    q, k, v, dout = _qkv(1, 700, 400, 2, 2, 128, torch.bfloat16)
+    q, k, v, dout = random_gqa_qkv(1, 700, 400, 2, 2, 128, torch.bfloat16)
     _check(q, k, v, dout, sm90_calls, window_size=window)
 
 
@@ -153,13 +146,13 @@ def test_gluon_forward_is_not_taken_where_it_does_not_apply(sm90_calls):
     """Dropout, RoPE, varlen, fp32, misaligned tensors, the tma setting off,
     override_configs(sm90_forward=False) and a forced triton tiling run the triton forward."""
     torch.manual_seed(53)
-    q, k, v, _ = _qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
+    q, k, v, _ = random_gqa_qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
     cos, sin = rotary_tables(200, 128, device="cuda")
     for features in (dict(dropout_p=0.1), dict(rotary_cos=cos, rotary_sin=sin)):
         genoflash.flash_attn_func(q, k, v, **features)
     cu = torch.tensor([0, 50, 200], device="cuda", dtype=torch.int32)
     genoflash.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 150, 150)
-    genoflash.flash_attn_func(*_qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3])
+    genoflash.flash_attn_func(*random_gqa_qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3])
     q_mis = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape)
     genoflash.flash_attn_func(q_mis, k, v)
     with genoflash.settings(tma=False):
