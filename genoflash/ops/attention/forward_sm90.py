@@ -6,7 +6,7 @@ compute. This kernel says what overlaps (docs/design/attention-forward-sm90.md):
 
 - 1 load warp (24 registers): Q once, then K and V tile by tile by TMA into a ring of NUM_STAGES
   buffers, each K and V with a barrier of its own (`k_ready`, `v_ready`), refilled once the compute
-  warps release the stage (`kv_empty`);
+  warps release it (`k_empty`, `v_empty`: K once S is computed, V once P V is);
 - 2 compute warpgroups (4 warps each, 64 query rows each, 240 registers a thread), each a
   partition of its own; per key tile j,
 
@@ -76,21 +76,25 @@ def tiles(block_d: int, block_dv: int) -> tuple[int, int]:
 
 
 @gluon.jit
-def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                        off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS: gl.constexpr, NUM_Q: gl.constexpr,
+def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                        v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS: gl.constexpr, NUM_Q: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """One warp: each compute partition's Q rows, then each key tile's K and V into the stage the
-    compute warps released."""
+    """One warp: each compute partition's Q rows, then each key tile's K and V, each into its
+    ring's stage once the compute warps released it. K_j's stage frees when S_{j - NUM_STAGES}
+    has landed, V_j's when P V of that tile has, about one tile later: with K freed on its own, K
+    runs a tile further ahead than it would if both waited for P V."""
     for w in gl.static_range(NUM_Q):
         mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [off_b, m0 + w * ROWS, off_h, 0], q_bar.index(w), q_smem.index(w))
     for j in range(n_tiles):
         stage = j % NUM_STAGES
         # A fresh barrier passes a wait for parity 1: the first round finds every stage free.
-        mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
+        free_parity = ((j // NUM_STAGES) & 1) ^ 1
         n0 = n_lo + j * BLOCK_N
+        mbarrier.wait(k_empty.index(stage), free_parity)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [off_b, n0, off_hk, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.wait(v_empty.index(stage), free_parity)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [off_b, n0, off_hk, 0], v_ready.index(stage), v_smem.index(stage))
 
@@ -152,7 +156,8 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2):
 
 
 @gluon.jit
-def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc, LSE,
+def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
+                           LSE,
                            ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles,
                            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2, softcap_in,
                            softcap_out, alibi_to_raw, WG: gl.constexpr, ROWS: gl.constexpr,
@@ -201,6 +206,7 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
                               use_acc=False, is_async=True)
         _pass_turn(turn, WG)
         s = warpgroup_mma_wait(0, deps=[s_tok])
+        mbarrier.arrive(k_empty.index(0))  # K_0 is read
         if (n_lo < full_lo) | (n_lo + BLOCK_N > full_hi):
             s = _scores(s, n_lo, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in, softcap_out,
                         slope, s_layout, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)
@@ -222,6 +228,7 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
             _pass_turn(turn, WG)
             # wgmma groups complete in order: the one left outstanding is O's, so S_j has landed.
             s = warpgroup_mma_wait(1, deps=[s_tok])
+            mbarrier.arrive(k_empty.index(stage))  # K_j is read; V_{j-1}'s P V may still run
             if (n0 < full_lo) | (n0 + BLOCK_N > full_hi):
                 s = _scores(s, n0, m0, seqlen_q, seqlen_k, diag, window_left, window_right, softcap_in,
                             softcap_out, slope, s_layout, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
@@ -232,7 +239,7 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
                             HAS_ALIBI)
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale_log2)
             acc = warpgroup_mma_wait(0, deps=[o_tok])
-            mbarrier.arrive(kv_empty.index(prev))  # K_{j-1} and V_{j-1} are read
+            mbarrier.arrive(v_empty.index(prev))  # V_{j-1} is read
             # acc holds the tiles before j relative to the old max; alpha moves it to the new one.
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         last = (n_tiles - 1) % NUM_STAGES
@@ -242,7 +249,7 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
         o_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
         _pass_turn(turn, WG)
         acc = warpgroup_mma_wait(0, deps=[o_tok])
-        mbarrier.arrive(kv_empty.index(last))
+        mbarrier.arrive(v_empty.index(last))
 
     # A row that saw no key (l == 0) gets output 0 and lse -inf, never NaN.
     empty = l_i == 0.0
@@ -301,7 +308,8 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(NUM_Q):
         mbarrier.init(q_bar.index(w), count=1)
     for i in gl.static_range(2):
@@ -309,21 +317,25 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=NUM_Q)  # every compute partition releases the stage
+        # Every compute partition releases each stage.
+        mbarrier.init(k_empty.index(i), count=NUM_Q)
+        mbarrier.init(v_empty.index(i), count=NUM_Q)
     fence_async_shared()
     gl.warp_specialize([
-        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
+        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                                  o_desc,
                                   LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
                                   n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
                                   softcap_in, softcap_out, alibi_to_raw, 0, ROWS, BLOCK_D, BLOCK_DV,
                                   BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_desc,
+        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                                  o_desc,
                                   LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
                                   n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
                                   softcap_in, softcap_out, alibi_to_raw, 1, ROWS, BLOCK_D, BLOCK_DV,
                                   BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-        (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                               off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
+        (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                               v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
     ], [4, 1], [240, 24])
 
 
