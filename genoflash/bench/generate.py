@@ -4,10 +4,12 @@ The model is a Llama-style decoder built from a local config (random weights, bf
 16 query heads and 4 KV heads of 128 (GQA 4:1), 8 layers, vocabulary 4096. For each batch and prompt
 length, the prompt but its last token is prefilled once (with genoflash); each implementation then
 runs `generate()` from its own copy of that cache, so every step it times is a decoding step
-(the first one reads the prompt's last token). Per-token time = wall time of T new tokens / T,
-after a warm-up generate of 4 tokens (compilation stays out), the median of 3 runs. Tokens are
-compared with eager's. Beside transformers' "sdpa", "sdpa-no-cudnn" is the same with SDPA's cuDNN
-backend off.
+(the first one reads the prompt's last token). Per-token time = wall time of T new tokens / T.
+Each implementation first runs one untimed generate of the same T tokens, so that every key length
+the timed runs meet has been seen (Triton's compilation and cuDNN's per-length execution plans stay
+out); then REPEATS timed runs go round the implementations in turn, so that a slow spell of the
+host falls on all of them, and the median is reported. Tokens are compared with eager's. Beside
+transformers' "sdpa", "sdpa-no-cudnn" is the same with SDPA's cuDNN backend off.
 
 Results: <out>/<gpu>-<date>-generate.json and a plot of per-token time against prompt length.
 """
@@ -28,7 +30,7 @@ CUDA = torch.device("cuda")
 # "sdpa-no-cudnn": transformers' sdpa with SDPA's cuDNN backend switched off (torch then takes its
 # flash backend), as a second baseline: cuDNN builds an execution plan per new key length.
 IMPLEMENTATIONS = ("genoflash", "sdpa", "sdpa-no-cudnn", "eager")
-REPEATS = 3  # timed generate() calls per point; the median is reported
+REPEATS = 5  # timed generate() calls per point and implementation; the median is reported
 
 
 def build_model(layers: int = 8):
@@ -66,25 +68,35 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
     with torch.no_grad():
         model(ids[:, :-1], attention_mask=mask[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
     rec = {"batch": batch, "prompt": prompt, "new_tokens": new_tokens, "implementations": {}}
-    tokens = {}
-    for impl in implementations:
+    tokens, times = {}, {}
+    for impl in implementations:  # warm-up: every key length of the timed runs, once
         _use(model, impl)
         try:
-            _generate(model, ids, mask, copy.deepcopy(cache), 4)  # warm-up
-            times = []
-            for _ in range(REPEATS):
-                run_cache = copy.deepcopy(cache)
+            _generate(model, ids, mask, copy.deepcopy(cache), new_tokens)
+            times[impl] = []
+        except Exception as e:  # e.g. eager out of memory: record it, go on
+            rec["implementations"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        torch.cuda.empty_cache()
+    for _ in range(REPEATS):
+        for impl in list(times):
+            _use(model, impl)
+            run_cache = copy.deepcopy(cache)
+            try:
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 out = _generate(model, ids, mask, run_cache, new_tokens)
                 torch.cuda.synchronize()
-                times.append((time.perf_counter() - start) / new_tokens * 1e3)
+            except Exception as e:  # out of memory beside the copy, say: this implementation stops here
+                rec["implementations"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                del times[impl]
+                continue
+            finally:
                 del run_cache
+                torch.cuda.empty_cache()
+            times[impl].append((time.perf_counter() - start) / new_tokens * 1e3)
             tokens[impl] = out[:, prompt:]
-            rec["implementations"][impl] = {"ms_per_token": statistics.median(times), "ms_per_token_runs": times}
-        except Exception as e:  # e.g. eager out of memory: record it, go on
-            rec["implementations"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-        torch.cuda.empty_cache()
+    for impl, runs in times.items():
+        rec["implementations"][impl] = {"ms_per_token": statistics.median(runs), "ms_per_token_runs": runs}
     if "eager" in tokens:
         for impl, t in tokens.items():
             same = (t == tokens["eager"]).all(dim=0)
@@ -141,8 +153,9 @@ def main(argv: list[str]) -> int:
     model = build_model()
     metadata = run_metadata(CUDA, dtype="bf16", transformers=transformers.__version__,
                             model="Llama-style, 8 layers, hidden 2048, 16 heads x 128, 4 KV heads, vocab 4096",
-                            method="median of 3 wall times of generate(new_tokens), after a 4-token warm-up, "
-                                   "each from a copy of one prefilled cache")
+                            method=f"median of {REPEATS} wall times of generate(new_tokens), the implementations "
+                                   "in turn, after an untimed generate of the same length each, every run from a "
+                                   "copy of one prefilled cache")
     batches = [int(b) for b in args.batches.split(",")]
     report = {"metadata": metadata, "batches": batches, "points": []}
     path = Path(f"{results_stem(args.out, metadata, 'generate')}.json")
