@@ -350,19 +350,25 @@ def sm90_min_seqlen(default: int) -> int:
     return int(_override.get("sm90_min_seqlen", default))  # type: ignore[arg-type]
 
 
-# Whether calls take the Gluon forward (forward_sm90.py) where it applies. Off: it passes its GPU
-# tests but runs at 0.86-1.00x the triton forward (docs/design/attention-forward-sm90.md,
-# "Measurements"); its tests and the A/B probe take it with override_configs(sm90_forward=True).
-SM90_FORWARD_BY_DEFAULT = False
-
-
-def sm90_forward_allowed() -> bool:
-    """Whether the Gluon forward (forward_sm90.py) may run: as override_configs' sm90_forward says,
-    else SM90_FORWARD_BY_DEFAULT; never where override_configs forces what only the triton forward
-    has (its tiling, its key chunks, its channel groups), which tests of those paths do."""
+def sm90_forward_allowed(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the Gluon forward (forward_sm90.py) may run at these head dims: as override_configs'
+    sm90_forward says, else where it beat the triton forward (sm90_forward_preferred); never where
+    override_configs forces what only the triton forward has (its tiling, its key chunks, its
+    channel groups), which tests of those paths do."""
     if any(name in _override for name in ("forward", "key_chunk", "split_channels")):
         return False
-    return bool(_override.get("sm90_forward", SM90_FORWARD_BY_DEFAULT))
+    forced = _override.get("sm90_forward")
+    return bool(forced) if forced is not None else sm90_forward_preferred(head_dim, head_dim_v)
+
+
+def sm90_forward_preferred(head_dim: int, head_dim_v: int) -> bool:
+    """The Gluon forward's measured ground (docs/design/attention-forward-sm90.md, "Measurements";
+    H100, all providers in one process): the wider head dim in (64, 128], where it ran at
+    1.04-1.17x the triton forward (96, padded to 128, included), or exactly 256 (1.17x). At 64 and
+    below it ties or trails (0.97-1.00x); over 128 but under 256 the padding to 256 halves its key
+    tile, and it trailed the triton forward's channel groups (0.92x at 192, 0.97x at (64, 192))."""
+    wide = max(head_dim, head_dim_v)
+    return 64 < wide <= 128 or wide == 256
 
 
 @contextlib.contextmanager

@@ -357,7 +357,9 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> bool:
     """Whether attention_forward takes this kernel: an sm_90 GPU (wgmma is sm_90a's), the tma
     setting on (TMA is all this kernel loads with), configs.sm90_forward_allowed, and `supports`."""
-    if not sm90_forward_allowed() or not a.settings.tma or triton_interpreted() or not q.is_cuda:
+    if not a.settings.tma or triton_interpreted() or not q.is_cuda:
+        return False
+    if not sm90_forward_allowed(q.shape[-1], v.shape[-1]):
         return False
     return descriptors.device_capability(q.device) == (9, 0) and supports(q, k, v, a)
 

@@ -203,8 +203,10 @@ def test_tma_descriptor_and_pointer_loads(tma, causal, seqlen_q, seqlen_k, headd
         q = torch.randn(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape).requires_grad_()
     # Q by TMA in the dK/dV pass too (the tile config's choice; off at hd128 on the GPU).
     bwd = BackwardConfig(TileConfig(32, 64), TileConfig(64, 32), dkdv_q_by_tma=True)
-    # fast_launch off: a launch plan would replay the launches without the spy seeing them
-    with genoflash.settings(backend="triton", tma=tma, fast_launch=False), override_configs(backward=bwd):
+    # fast_launch off: a launch plan would replay the launches without the spy seeing them; the
+    # triton forward (the Gluon forward loads by TMA alone: test_sm90_forward.py)
+    with genoflash.settings(backend="triton", tma=tma, fast_launch=False), \
+            override_configs(backward=bwd, sm90_forward=False):
         # deterministic: the triton passes (the Gluon backward, all TMA, is tested in test_sm90.py)
         got = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, causal=causal, deterministic=True),
                                 q, k, v, dout)

@@ -190,10 +190,16 @@ def test_dispatch_rule():
     q_mis = torch.randn(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
     assert not forward_sm90.supports(q_mis, k, v, plain)
     assert not forward_sm90.applies(q, k, v, plain)  # not on a CPU tensor, nor under the interpreter
-    if ON_SM90:  # taken where override_configs or configs.SM90_FORWARD_BY_DEFAULT says
-        g = [t.cuda() for t in tensors()]
-        assert forward_sm90.applies(*g, plain) == configs.SM90_FORWARD_BY_DEFAULT
-        with override_configs(sm90_forward=True):
-            assert forward_sm90.applies(*g, plain)
-        with override_configs(sm90_forward=False):
-            assert not forward_sm90.applies(*g, plain)
+    # Taken by default where it was measured faster (configs.sm90_forward_preferred), else where
+    # override_configs says.
+    preferred = {(128, 128): True, (96, 96): True, (128, 64): True, (80, 112): True, (256, 256): True,
+                 (64, 64): False, (32, 32): False, (192, 192): False, (64, 192): False, (256, 128): True}
+    for (d, dv), want in preferred.items():
+        assert configs.sm90_forward_allowed(d, dv) == want, (d, dv)
+        with override_configs(sm90_forward=not want):
+            assert configs.sm90_forward_allowed(d, dv) == (not want), (d, dv)
+        with override_configs(sm90_forward=True, forward=TileConfig(64, 32)):  # a triton tiling wins
+            assert not configs.sm90_forward_allowed(d, dv)
+        if ON_SM90:
+            g = [t.cuda() for t in tensors(d, dv)]
+            assert forward_sm90.applies(*g, plain) == want, (d, dv)
