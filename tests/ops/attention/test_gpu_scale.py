@@ -1,5 +1,6 @@
 """GPU-only checks at sizes the CPU cannot reach: long sequences, tensors past 2^31
-elements, and peak memory that grows linearly in N. Run by tools/gpu_tests.sh."""
+elements, and peak memory that grows linearly in N. Run by tools/gpu_tests.sh after the other
+tests, one at a time (whole_gpu): beside 16 workers' tests on an 80 GB card they run out of memory."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import genoflash
 
 from tests.utils import EPS
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.whole_gpu]
 
 
 def sampled_rows_attention(q_rows, rows, k, v, seqlen_q, causal, softmax_scale):
