@@ -1,9 +1,14 @@
-"""Probe (cited by docs/design/attention-forward-sm90.md): the Gluon forward (forward_sm90.py, forced with
-override_configs) against the triton forward, SDPA's cuDNN and flash backends, and flash-attn-4 where it is
-importable; forward and fwd+bwd TF/s (the standard formula), medians, all in one process, with each
-output's relative error against cuDNN's.
+"""Probe (cited by docs/design/attention-forward-sm90.md): the Gluon forward (forward_sm90.py) against the
+triton forward, SDPA's cuDNN backend, and flash-attn-4 where it is importable; forward and fwd+bwd TF/s,
+medians, all in one process, with each output's relative error against the first provider that ran
+the case among cuDNN and the triton forward.
 
-    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick]
+    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features]
+
+The plain shapes are the flash-attn-4 comparison's; --features runs the feature paths (head dims
+96/192/256, Dv != D, softcap, ALiBi, a causal window at 256k, GQA causal at 128k). TF/s count the
+useful FLOPs, 2 (D + Dv) per visible (query, key) pair (so the standard formula for plain and
+causal attention), x3.5 with the backward. The JSON is rewritten after each case.
 """
 
 from __future__ import annotations
@@ -15,42 +20,55 @@ import torch
 import torch.nn.functional as F
 
 import genoflash
-from genoflash.bench.common import attention_flops, median_ms, relative_error, run_metadata, tflops
+from genoflash.bench.common import FWD_BWD_OVER_FWD, median_ms, relative_error, run_metadata, tflops
+from genoflash.bench.features import visible_pairs
 from genoflash.ops.attention.configs import override_configs
 
 DEV = torch.device("cuda")
-SHAPES = [  # (batch, heads, heads_k, seqlen, d, causal)
-    (1, 8, 8, 65536, 128, False), (1, 8, 8, 262144, 128, False), (1, 16, 16, 16384, 128, False),
-    (1, 16, 16, 16384, 128, True), (1, 32, 32, 16384, 64, False), (16, 16, 16, 1024, 128, False),
-    (1, 32, 8, 131072, 128, True), (4, 16, 16, 4096, 64, True),
+# (batch, heads, heads_k, seqlen, d, dv, causal, keyword arguments of flash_attn_func)
+SHAPES = [
+    (1, 8, 8, 65536, 128, 128, False, {}), (1, 8, 8, 262144, 128, 128, False, {}),
+    (1, 16, 16, 16384, 128, 128, False, {}), (1, 16, 16, 16384, 128, 128, True, {}),
+    (1, 32, 32, 16384, 64, 64, False, {}), (16, 16, 16, 1024, 128, 128, False, {}),
+]
+QUICK = [SHAPES[i] for i in (0, 2, 3, 4, 5)]  # the flash-attn-4 comparison but 262k
+FEATURES = [
+    (1, 16, 16, 16384, 96, 96, False, {}), (1, 16, 16, 16384, 96, 96, True, {}),
+    (1, 16, 16, 16384, 192, 192, False, {}), (1, 16, 16, 16384, 256, 256, False, {}),
+    (8, 8, 8, 4096, 64, 192, False, {}), (1, 16, 16, 16384, 128, 64, False, {}),
+    (1, 16, 16, 16384, 128, 128, False, {"softcap": 30.0}),
+    (1, 16, 16, 16384, 128, 128, True, {"alibi": True}),
+    (1, 16, 16, 262144, 128, 128, True, {"window_size": (4096, 0)}),
+    (1, 32, 8, 131072, 128, 128, True, {}),
+    (4, 16, 16, 4096, 64, 64, True, {}),
 ]
 
 
-def providers(causal):
+def providers(causal, kw):
     def gf(q, k, v):  # the Gluon forward (and the default backward)
         with override_configs(sm90_forward=True):
-            return genoflash.flash_attn_func(q, k, v, causal=causal)
+            return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
 
     def gf_triton(q, k, v):
         with override_configs(sm90_forward=False):
-            return genoflash.flash_attn_func(q, k, v, causal=causal)
+            return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
 
-    def sdpa(backend):
-        def run(q, k, v):
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-            with torch.nn.attention.sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                      enable_gqa=kt.shape[1] != qt.shape[1]).transpose(1, 2)
-        return run
+    def cudnn(q, k, v):
+        if kw or q.shape[-1] != v.shape[-1]:
+            raise NotImplementedError("not a plain case")
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                  enable_gqa=kt.shape[1] != qt.shape[1]).transpose(1, 2)
 
-    out = {"genoflash": gf, "genoflash-triton": gf_triton,
-           "cudnn": sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
-           "sdpa-flash": sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)}
+    out = {"genoflash": gf, "genoflash-triton": gf_triton, "cudnn": cudnn}
     try:
         from flash_attn.cute import flash_attn_func as fa4
 
         def run_fa4(q, k, v):
-            o = fa4(q, k, v, causal=causal)
+            if "alibi_slopes" in kw:
+                raise NotImplementedError("no ALiBi")
+            o = fa4(q, k, v, causal=causal, **kw)
             return o[0] if isinstance(o, tuple) else o
         out["fa4"] = run_fa4
     except Exception:
@@ -60,31 +78,35 @@ def providers(causal):
 
 def main(argv):
     path = argv[0]
-    quick = "--quick" in argv
+    cases = QUICK if "--quick" in argv else FEATURES if "--features" in argv else SHAPES
     rows = []
-    for (b, h, hk, n, d, causal) in [SHAPES[i] for i in (0, 3, 4, 5, 7)] if quick else SHAPES:
+    for (b, h, hk, n, d, dv, causal, kw) in cases:
         torch.manual_seed(0)
         q = torch.randn(b, n, h, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-        k, v = (torch.randn(b, n, hk, d, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        dout = torch.randn_like(q)
-        rec = {"shape": [b, h, hk, n, d], "causal": causal}
+        k = torch.randn(b, n, hk, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(b, n, hk, dv, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        dout = torch.randn(b, n, h, dv, device=DEV, dtype=torch.bfloat16)
+        call_kw = dict(kw)
+        if call_kw.pop("alibi", False):
+            call_kw["alibi_slopes"] = torch.rand(h, device=DEV, dtype=torch.float32) * 0.1
+        window = call_kw.get("window_size", (-1, -1))
+        flops = 2 * (d + dv) * visible_pairs(n, n, causal, window) * h * b
+        rec = {"shape": [b, h, hk, n, d, dv], "causal": causal, **{key: str(val) for key, val in kw.items()}}
         ref = None
-        for name, fn in providers(causal).items():
-            if name == "sdpa-flash" and hk != h:
-                continue
+        for name, fn in providers(causal, call_kw).items():
             try:
                 with torch.no_grad():
                     out = fn(q, k, v)
-                if ref is None and name == "cudnn":
+                if ref is None and name in ("cudnn", "genoflash-triton"):
                     ref = out
                 fwd = median_ms(lambda: fn(q, k, v), DEV)
+
                 def fb():
                     o = fn(q, k, v)
                     torch.autograd.grad(o, (q, k, v), dout)
                 fwdbwd = median_ms(fb, DEV)
-                rec[name] = {"fwd_ms": fwd, "fwdbwd_ms": fwdbwd, "out": out,
-                             "fwd_tflops": tflops(attention_flops(b, h, n, d, causal, False), fwd),
-                             "fwdbwd_tflops": tflops(attention_flops(b, h, n, d, causal, True), fwdbwd)}
+                rec[name] = {"fwd_ms": fwd, "fwdbwd_ms": fwdbwd, "out": out, "fwd_tflops": tflops(flops, fwd),
+                             "fwdbwd_tflops": tflops(FWD_BWD_OVER_FWD * flops, fwdbwd)}
             except Exception as e:
                 rec[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             torch.cuda.empty_cache()
@@ -92,14 +114,16 @@ def main(argv):
             if isinstance(r, dict) and "out" in r:
                 o = r.pop("out")
                 if ref is not None:
-                    r["rel_err_vs_cudnn"] = relative_error(o, ref)
+                    r["rel_err_vs_reference"] = relative_error(o, ref)
         rows.append(rec)
-        cells = [f"{name} {r['fwd_tflops']:.0f}/{r.get('fwdbwd_tflops', float('nan')):.0f}"
-                 f" e{r.get('rel_err_vs_cudnn', float('nan')):.0e}" if "fwd_tflops" in r else f"{name} ERR {r['error'][:80]}"
+        err = "rel_err_vs_reference"
+        cells = [f"{name} {r['fwd_tflops']:.0f}/{r['fwdbwd_tflops']:.0f} e{r.get(err, float('nan')):.0e}"
+                 if "fwd_tflops" in r else f"{name} ERR {r['error'][:60]}"
                  for name, r in rec.items() if isinstance(r, dict)]
-        print(f"B{b} H{h}/{hk} N{n} D{d}{' causal' if causal else ''}: " + " | ".join(cells), flush=True)
-    with open(path, "w") as f:
-        json.dump({"metadata": run_metadata(DEV), "rows": rows}, f, indent=1)
+        print(f"B{b} H{h}/{hk} N{n} D{d}/{dv}{' causal' if causal else ''} {kw or ''}: " + " | ".join(cells),
+              flush=True)
+        with open(path, "w") as f:
+            json.dump({"metadata": run_metadata(DEV), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
