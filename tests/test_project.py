@@ -3,6 +3,8 @@
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -43,11 +45,13 @@ def test_readme_signatures_match_the_functions():
 
 STUB_PYTHON = """#!/usr/bin/env bash
 # Stands in for python3 in tools/gpu_tests.sh: the environment report, pip, and pytest, whose
-# arguments and CUDA_VISIBLE_DEVICES it prints; it fails when asked to run the masking tests.
+# arguments and CUDA_VISIBLE_DEVICES it prints; it fails when asked to run the masking tests, and
+# the run of the whole_gpu tests exits with $STUB_WHOLE_GPU_STATUS where that is set.
 if [[ "$1" == "-" ]]; then cat > /dev/null; echo "device stub"; exit 0; fi
 if [[ "$1 $2" == "-m pip" ]]; then exit 0; fi  # device_env.sh installing carried wheels, where there are any
 if [[ "$1 $2" == "-m pytest" ]]; then
     echo "pytest on $CUDA_VISIBLE_DEVICES: ${*:3}"
+    if [[ "$*" == *"-m whole_gpu"* && -n "$STUB_WHOLE_GPU_STATUS" ]]; then exit "$STUB_WHOLE_GPU_STATUS"; fi
     if [[ "$*" == *tests/ops/attention/test_masking.py* ]]; then echo "1 failed, 2 passed"; exit 1; fi
     echo "3 passed"; exit 0
 fi
@@ -77,15 +81,29 @@ def test_gpu_script_runs_pytest_into_a_new_out_folder(tmp_path):
     assert "pytest on" in (out / "gpu_tests.log").read_text() and "3 passed" in proc.stdout
 
 
+@pytest.mark.parametrize("status,want", [(5, 0), (1, 1), (0, 0)], ids=["none-marked", "failed", "passed"])
+def test_gpu_script_runs_the_whole_gpu_tests_after_the_rest(tmp_path, status, want):
+    """The tests marked whole_gpu run in a second pytest, without workers; a failure there fails the
+    script, and a selection with none of them (pytest's status 5) does not."""
+    proc, out = _run_gpu_script(tmp_path, {"STUB_WHOLE_GPU_STATUS": str(status)}, "tests/ops/attention")
+    assert proc.returncode == want, proc.stdout + proc.stderr
+    runs = [line for line in (out / "gpu_tests.log").read_text().splitlines() if line.startswith("pytest on")]
+    assert len(runs) == 2 and "-m not whole_gpu" in runs[0] and "-n" in runs[0]
+    assert "-m whole_gpu" in runs[1] and "-n" not in runs[1].split()
+
+
 def test_gpu_script_split_runs_every_file_once_and_fails_with_either_half(tmp_path):
     proc, out = _run_gpu_script(tmp_path, {"GENOFLASH_GPU_SPLIT": "2"})
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the second half's stub pytest failed
     first, second = ((out / half / "gpu_tests.log").read_text() for half in ("gpu0", "gpu1"))
     assert "pytest on 0,1:" in first and "pytest on 1:" in second
     assert "3 passed" in proc.stdout and "1 failed" in proc.stdout
-    ran = re.findall(r"tests/[\w/]*test_\w+\.py", first + second)
+    # Each half runs its files twice: the tests not marked whole_gpu on its workers, then the rest.
+    halves = [set(re.findall(r"tests/[\w/]*test_\w+\.py", log)) for log in (first, second)]
+    for log in (first, second):
+        assert log.count("-m not whole_gpu") == 1 and log.count("-m whole_gpu") == 1
     files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py"))
-    assert sorted(ran) == files  # each test file in exactly one half
+    assert not halves[0] & halves[1] and sorted(halves[0] | halves[1]) == files  # each file in one half
 
 
 # Which packages each package of genoflash may import (its own modules always): the layering in
