@@ -4,6 +4,7 @@ medians, all in one process, with each output's relative error against the first
 the case among cuDNN and the triton forward.
 
     python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features]
+    python benchmarks/experiments/attention/sm90_forward_ab.py --plot OUT.json   # OUT.png beside it
 
 The plain shapes are the flash-attn-4 comparison's; --features runs the feature paths (head dims
 96/192/256, Dv != D, softcap, ALiBi, a causal window at 256k, GQA causal at 128k). TF/s count the
@@ -76,7 +77,47 @@ def providers(causal, kw):
     return out
 
 
+LABELS = {"genoflash": "genoflash, Gluon forward", "genoflash-triton": "genoflash, triton forward",
+          "cudnn": "SDPA cuDNN", "fa4": "flash-attn-4"}
+
+
+def case_label(row) -> str:
+    b, h, hk, n, d, dv = row["shape"]
+    extra = [key for key in ("softcap", "alibi", "window_size") if key in row]
+    return (f"B{b} H{h}{'/' + str(hk) if hk != h else ''} N{n // 1024}k D{d}{'/' + str(dv) if dv != d else ''}"
+            f"{' causal' if row['causal'] else ''}{' ' + ' '.join(extra) if extra else ''}")
+
+
+def plot(path: str) -> None:
+    """Forward and fwd+bwd TF/s per case and provider, as grouped bars, into path's .png."""
+    from pathlib import Path
+
+    from genoflash.bench.common import pyplot, save_figure, title_stamp
+
+    report = json.loads(Path(path).read_text())
+    rows = report["rows"]
+    names = [n for n in ("genoflash", "genoflash-triton", "cudnn", "fa4")
+             if any("fwd_tflops" in r.get(n, {}) for r in rows)]
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(rows)), 7), sharex=True)
+    width = 0.8 / len(names)
+    for ax, key, title in zip(axes, ("fwd_tflops", "fwdbwd_tflops"), ("forward", "forward + backward")):
+        for i, name in enumerate(names):
+            xs = [j + i * width for j, r in enumerate(rows) if key in r.get(name, {})]
+            ys = [r[name][key] for r in rows if key in r.get(name, {})]
+            ax.bar(xs, ys, width, label=LABELS.get(name, name))
+        ax.set_ylim(0, 1.2 * max(r[n][key] for r in rows for n in names if key in r.get(n, {})))  # legend room
+        ax.set_ylabel(f"{title} TF/s")
+        ax.legend(ncol=len(names), fontsize=8)
+    axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    axes[1].set_xticklabels([case_label(r) for r in rows], rotation=30, ha="right", fontsize=8)
+    fig.suptitle(f"attention, bf16, useful-FLOP TF/s | {title_stamp(report['metadata'])}", fontsize=9)
+    save_figure(fig, Path(path).with_suffix(".png"))
+
+
 def main(argv):
+    if argv[0] == "--plot":
+        return plot(argv[1])
     path = argv[0]
     cases = QUICK if "--quick" in argv else FEATURES if "--features" in argv else SHAPES
     rows = []

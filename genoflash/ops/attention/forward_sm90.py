@@ -14,8 +14,8 @@ compute. This kernel says what overlaps (docs/design/attention-forward-sm90.md):
       issue S_j = Q K_j^T             (async wgmma)
       issue O += P_{j-1} V_{j-1}      (async wgmma, P from registers)
       pass the turn to the other warpgroup
-      wait S_j; softmax of S_j        (runs while the tensor cores do P_{j-1} V_{j-1})
-      wait O; release stage j-1; O *= alpha_j
+      wait S_j; release K_j; softmax of S_j   (runs while the tensor cores do P_{j-1} V_{j-1})
+      wait O; release V_{j-1}; O *= alpha_j
 
   so the exponentials of one tile run under the previous tile's PV matmul and under the other
   warpgroup's matmuls (ping-pong: the turns keep the two from issuing at once).
@@ -31,8 +31,9 @@ aligned run here, Dv != D included. Softcap and ALiBi are applied to the scores 
 applies them (score_mods.py).
 
 Taken where it applies (`applies`): sm_90, 16-bit, fixed lengths, no RoPE or dropout, TMA-aligned
-tensors, and configs.sm90_forward_allowed (off by default: it is not yet faster than the triton
-forward; the design note's "Measurements"). Everything else runs forward.py. Not under
+tensors, and configs.sm90_forward_allowed: by default at the head dims where it beat the triton
+forward (the wider one in (64, 128], or 256; the design note's "Measurements"). Everything else
+runs forward.py. Not under
 the Triton interpreter (it has no Gluon): CPU tests check the dispatch rule and compile the kernel
 for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
 """
@@ -57,7 +58,9 @@ from .launch import launch
 from .softmax import LN2, LOG2E_HOST  # LN2: lse from base 2 to natural log
 
 BLOCK_M = 128  # query rows per program: two warpgroups of 64 (wgmma's rows per warpgroup)
-SMEM_BYTES = 220 * 1024  # of the 227 KB an sm_90 block may take, with room for the barriers
+# Of the 227 KB an sm_90 block may take: 2 K/V stages at head dim 128 (a third, at 226 KB, was
+# 1-2% slower on the H100: the design note's "Measurements"), 3 at 64.
+SMEM_BYTES = 220 * 1024
 MAX_STAGES = 3
 # The default partition's warps: the first compute warpgroup (the second and the load warp come
 # from warp_specialize).
