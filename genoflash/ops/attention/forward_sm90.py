@@ -33,9 +33,9 @@ applies them (score_mods.py).
 Taken where it applies (`applies`): sm_90, 16-bit, fixed lengths, no RoPE or dropout, TMA-aligned
 tensors, and configs.sm90_forward_allowed: by default at the head dims where it beat the triton
 forward (the wider one in (64, 128], or 256; the design note's "Measurements"). Everything else
-runs forward.py. Not under
-the Triton interpreter (it has no Gluon): CPU tests check the dispatch rule and compile the kernel
-for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
+runs forward.py. Not under the Triton interpreter (it has no Gluon): CPU tests check the dispatch
+rule and compile the kernel for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests
+run it.
 """
 
 from __future__ import annotations
@@ -160,8 +160,7 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2):
 
 @gluon.jit
 def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-                           LSE,
-                           ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles,
+                           LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles,
                            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2, softcap_in,
                            softcap_out, alibi_to_raw, WG: gl.constexpr, ROWS: gl.constexpr,
                            BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
@@ -326,15 +325,13 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     fence_async_shared()
     gl.warp_specialize([
         (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                                  o_desc,
-                                  LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
-                                  n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
+                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
                                   softcap_in, softcap_out, alibi_to_raw, 0, ROWS, BLOCK_D, BLOCK_DV,
                                   BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
         (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                                  o_desc,
-                                  LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo,
-                                  n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
+                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
                                   softcap_in, softcap_out, alibi_to_raw, 1, ROWS, BLOCK_D, BLOCK_DV,
                                   BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
         (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
