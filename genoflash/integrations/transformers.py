@@ -96,7 +96,7 @@ def _decode_step(q, k, v, attention_mask, scaling, window, softcap):
         return decode_attention_op(q, k, v, None, k.shape[1], scale, left, right, cap, None, None, None, None, mask,
                                    0)[0]
     return decode_attention(q, k, v, None, k.shape[1], softmax_scale=scale, window_left=left, window_right=right,
-                            softcap=cap, key_mask=mask)[0]
+                            softcap=cap, key_mask=mask, return_lse=False)[0]
 
 
 def _common_dtype(module: torch.nn.Module, q, k, v):

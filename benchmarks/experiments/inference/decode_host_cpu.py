@@ -1,11 +1,12 @@
 """Probe (cited by docs/design/decoding.md): the Python host time of one transformers decoding call
-(`integrations.transformers._decode_step`), on a machine without a GPU.
+(`integrations.transformers.genoflash_attention_forward` with one new token), on a machine without
+a GPU.
 
 The launcher is stubbed out: triton's driver answers device 0 and stream 0, and the two decoding
-kernels are stand-ins whose first launch "compiles" to a no-op, so every later launch takes
-launch.py's direct path as it would on a GPU. What is timed is genoflash's own Python: the split
-choice, the allocations (on the CPU), the fast launch's key, the direct call. Then a cProfile of
-the same calls.
+kernels are stand-ins whose first launch "compiles" to a no-op, so every later call takes the
+path it would take on a GPU (decode.py's steps). What is timed is genoflash's own Python: the
+integration's checks, the split choice, the allocations (on the CPU), the step's key, the calls to
+the stand-in launchers. Then a cProfile of the same calls.
 
     python benchmarks/experiments/inference/decode_host_cpu.py [KEYS]
 """
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from genoflash.ops.attention import decode, launch
+from genoflash.ops.attention import decode, launch, plans
 
 
 class _Active:
@@ -60,20 +61,24 @@ class _Kernel:
 
 def main(argv):
     keys = int(argv[0]) if argv else 4096
-    launch.driver = _Driver
+    launch.driver = decode.driver = plans.driver = _Driver
     launch._INTERPRETED = False
     # The GPU's split rule asks the device for its SM count; 132 SMs' answer for this shape.
     decode.choose_splits = lambda work, n, device: max(1, min(32, n // 128))
     decode._decode_split_kernel = _Kernel(decode._decode_split_kernel)
     decode._combine_kernel = _Kernel(decode._combine_kernel)
-    from genoflash.integrations.transformers import _decode_step
+    from genoflash.integrations import transformers as integration
 
-    q = torch.randn(1, 16, 1, 128, dtype=torch.bfloat16).transpose(1, 2)  # transformers' layout, viewed
-    k = torch.randn(1, 4, keys, 128, dtype=torch.bfloat16).transpose(1, 2)
-    v = torch.randn_like(k)
+    integration.select_backend = lambda device: "triton"  # what a CUDA tensor gets
+    module = torch.nn.Module()
+    module.is_causal = True
+    # transformers' layout: (batch, heads, seqlen, dim); the cache as DynamicCache holds it
+    query = torch.randn(1, 16, 1, 128, dtype=torch.bfloat16)
+    key = torch.randn(1, 4, keys, 128, dtype=torch.bfloat16)
+    value = torch.randn_like(key)
 
-    def step():
-        return _decode_step(q, k, v, None, 0.088, (-1, -1), 0.0)
+    def step():  # what transformers calls per layer per decoding step
+        return integration.genoflash_attention_forward(module, query, key, value, None, scaling=0.088)
 
     for _ in range(100):
         step()
@@ -81,8 +86,9 @@ def main(argv):
     start = time.perf_counter()
     for _ in range(calls):
         step()
+    steps = len(getattr(decode, "_steps", ()))  # (absent before decoding steps: the probe runs on older trees too)
     print(f"{keys} keys: {(time.perf_counter() - start) / calls * 1e6:.1f} us per call "
-          f"({launch.fast_launches} direct launches)")
+          f"({launch.fast_launches} launches through launch(), {steps} decoding step kinds)")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(5000):

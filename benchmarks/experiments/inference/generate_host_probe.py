@@ -3,7 +3,9 @@
 Wraps transformers' "genoflash" and "sdpa" attention functions with a host clock (no sync: the
 time the Python call takes to return, which is what bounds a host-bound decode loop), runs the
 generate benchmark's model, and reports per attention call: mean host us, and per token: wall ms.
-Then the bare calls in a loop (no transformers): decode_attention and SDPA on one layer's cache.
+Then the bare calls in a loop, outside generate(): each implementation's attention function as
+transformers calls it, and decode_attention and SDPA themselves, on one layer's cache; and a
+cProfile of genoflash's function on the device's host.
 
     python benchmarks/experiments/inference/generate_host_probe.py OUT.json
 """
@@ -11,7 +13,10 @@ Then the bare calls in a loop (no transformers): decode_attention and SDPA on on
 from __future__ import annotations
 
 import copy
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -80,8 +85,12 @@ def main(argv):
             del c
         print(rec, flush=True)
         rows.append(rec)
+    from genoflash.integrations.transformers import genoflash_attention_forward
     from genoflash.ops.attention.decode import decode_attention
-    bare = {}
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = model.model.layers[0].self_attn
+    bare, profiles = {}, {}
     for n in (100, 4096, 65536):
         q = torch.randn(1, 1, 16, 128, device=CUDA, dtype=torch.bfloat16)
         kh = torch.randn(1, 4, n, 128, device=CUDA, dtype=torch.bfloat16)  # transformers' layout
@@ -89,12 +98,27 @@ def main(argv):
         k, v = kh.transpose(1, 2), vh.transpose(1, 2)
         qh = q.transpose(1, 2)
         bare[n] = {
+            "genoflash, transformers' call": bare_loop(
+                lambda: genoflash_attention_forward(module, qh, kh, vh, None, scaling=0.088)),
+            "sdpa, transformers' call": bare_loop(
+                lambda: sdpa_attention_forward(module, qh, kh, vh, None, scaling=0.088)),
             "genoflash decode_attention": bare_loop(lambda: decode_attention(q, k, v, None, n, softmax_scale=0.088)),
             "sdpa (cuDNN allowed)": bare_loop(lambda: F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)),
         }
         print(n, bare[n], flush=True)
+        if n == 4096:  # where the device's host spends genoflash's call
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(2000):
+                genoflash_attention_forward(module, qh, kh, vh, None, scaling=0.088)
+            profile.disable()
+            torch.cuda.synchronize()
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(15)
+            profiles["genoflash, transformers' call, 4096 keys, 2000 calls"] = text.getvalue()
+            print(text.getvalue(), flush=True)
     with open(argv[0], "w") as f:
-        json.dump({"metadata": run_metadata(CUDA), "generate": rows, "bare": bare}, f, indent=1)
+        json.dump({"metadata": run_metadata(CUDA), "generate": rows, "bare": bare, "profiles": profiles}, f, indent=1)
 
 
 if __name__ == "__main__":

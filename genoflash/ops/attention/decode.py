@@ -25,17 +25,21 @@ The split count and tile sizes come from measurements (docs/design/decoding.md).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import driver
 
 from ...backends import triton_interpreted
+from ...settings import current as current_settings
 from ..common.host import cdiv, next_power_of_2
 from .configs import LaunchConfig
 from .kernel_args import input_precision
+from . import launch as launcher, plans
 from .launch import launch
 from .mask import _visible
 from .score_mods import _alibi_bias, _softcap
@@ -61,12 +65,13 @@ INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exerc
 def _decode_split_kernel(
     Q, K, V, Out, Lse, OutPart, LsePart,
     SeqlensK, Leftpad, CacheRows, BlockTable, KeyMask, Alibi,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_kn, stride_kh,
+    stride_kb, stride_kn, stride_kh,  # the cache's strides, which grow with it in transformers' layout
     stride_vb, stride_vn, stride_vh,
+    stride_mask,
+    stride_qb, stride_qs, stride_qh,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
-    stride_bt, stride_mask, stride_alibi,
+    stride_bt, stride_alibi,
     batch, seqlen_q, nheads, num_splits, page_size, seqlen_k_fixed,
     qk_scale_log2, inv_scale, window_left, window_right, softcap_in, softcap_out,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, GROUP: tl.constexpr,
@@ -74,7 +79,7 @@ def _decode_split_kernel(
     HAS_SEQLENS: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROWS: tl.constexpr, PAGED: tl.constexpr,
     HAS_KEY_MASK: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -167,13 +172,14 @@ def _decode_split_kernel(
         o_ptrs = Out + b64 * stride_ob + q_idx[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
         tl.store(o_ptrs + offs_dv[None, :], out.to(Out.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
-        tl.store(Lse + b64 * stride_lb + head * stride_lh + q_idx, lse, mask=row_ok)
+        if STORE_LSE:
+            tl.store(Lse + b64 * stride_lb + head * stride_lh + q_idx, lse, mask=row_ok)
 
 
 @triton.jit
 def _combine_kernel(OutPart, LsePart, Out, Lse, batch, nheads, seqlen_q, num_splits,
                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-                    HEAD_DIM_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    HEAD_DIM_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, STORE_LSE: tl.constexpr):
     """One output row (b, head, i): the parts weighted by exp(lse_part - lse)."""
     r = tl.program_id(0)
     i = r % seqlen_q
@@ -195,7 +201,8 @@ def _combine_kernel(OutPart, LsePart, Out, Lse, batch, nheads, seqlen_q, num_spl
     b64 = b.to(tl.int64)
     tl.store(Out + b64 * stride_ob + i * stride_os + head * stride_oh + offs_dv, out.to(Out.dtype.element_ty),
              mask=offs_dv < HEAD_DIM_V)
-    tl.store(Lse + b64 * stride_lb + head * stride_lh + i, lse)
+    if STORE_LSE:
+        tl.store(Lse + b64 * stride_lb + head * stride_lh + i, lse)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,8 +221,8 @@ def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, has_seqlens: bool, has_leftpad: bool,
-                      has_rows: bool, paged: bool, has_mask: bool, has_left: bool, has_right: bool, has_softcap: bool,
-                      has_alibi: bool, dtype: torch.dtype, split: bool) -> dict:
+                      has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool, has_left: bool, has_right: bool,
+                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool) -> dict:
     """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
     counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
     return dict(
@@ -226,7 +233,7 @@ def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, ha
         PAGED=paged, HAS_KEY_MASK=has_mask, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi,
         FAST_TANH=dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
-        INPUT_PRECISION=input_precision(dtype),
+        STORE_LSE=store_lse, INPUT_PRECISION=input_precision(dtype),
     )
 
 
@@ -240,7 +247,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                      leftpad: torch.Tensor | None = None, cache_rows: torch.Tensor | None = None,
                      block_table: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
-                     num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_splits: int = 0, return_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of q (batch, seqlen_q, nheads, headdim) against keys read in place from a cache.
 
     k_cache, v_cache: (batch_cache, capacity, nheads_k, headdim[_v]) with any strides but the
@@ -251,56 +258,148 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     max_seqlen_k: a host bound on the key counts, which also chooses the split count. The caller
     validates every index (kvcache.check_cache does); this function trusts them.
     Returns (out (batch, seqlen_q, nheads, headdim_v) in q's dtype, lse (batch, nheads, seqlen_q)
-    float32, natural log)."""
+    float32, natural log); lse is None where return_lse is False (then no kernel stores it)."""
     batch, seqlen_q, nheads, headdim = q.shape
     nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[-1]
     group = nheads // nheads_k
     rows = rows_per_kv_head(seqlen_q, nheads, nheads_k)
     block_m = max(16, min(64, next_power_of_2(rows)))  # tl.dot takes 16 rows at least
-    row_blocks = cdiv(rows, block_m)
+    grid = (num_splits, batch * nheads_k, cdiv(rows, block_m))
     if num_splits <= 0:
-        num_splits = choose_splits(batch * nheads_k * row_blocks, max_seqlen_k, q.device)
-    out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+        grid = (choose_splits(grid[1] * grid[2], max_seqlen_k, q.device), *grid[1:])
+    num_splits = grid[0]
     split = num_splits > 1
-    if split:  # one allocation for both partials (a decoding step's host time counts)
-        rows_all = num_splits * batch * nheads * seqlen_q
-        parts = torch.empty(rows_all * (headdim_v + 1), device=q.device, dtype=torch.float32)
-        out_part, lse_part = parts[:rows_all * headdim_v], parts[rows_all * headdim_v:]
-    else:
-        out_part, lse_part = out, lse  # never written: SPLIT is off
     paged = block_table is not None
-    slopes = alibi_slopes if alibi_slopes is not None else lse
     mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
-    dummy = lse  # stands for the index tensors a call does not have: never read
-    # launch(): after the first call of a specialisation, the compiled kernel is called directly,
-    # without triton's per-launch binding of ~50 arguments (launch.py): a decoding step is short.
+    optional = (seqlens_k, leftpad, cache_rows, block_table, mask, alibi_slopes)
     # out and lse are fresh and contiguous: their strides are known without asking.
     out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
     lse_strides = (nheads * seqlen_q, seqlen_q)
-    launch(
-        _decode_split_kernel, (num_splits, batch * nheads_k, row_blocks), SPLIT_CONFIG,
-        q, k_cache, v_cache, out, lse, out_part, lse_part,
-        *(t if t is not None else dummy for t in (seqlens_k, leftpad, cache_rows, block_table, mask)), slopes,
-        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out_strides, *lse_strides,
-        block_table.stride(0) if paged else 0, mask.stride(0) if mask is not None else 0,
-        alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-        batch, seqlen_q, nheads, num_splits, k_cache.shape[1] if paged else 1, max_seqlen_k,
-        softmax_scale * LOG2E_HOST, 1.0 / softmax_scale, window_left, window_right,
-        softmax_scale / softcap if softcap > 0 else 0.0, softcap / softmax_scale if softcap > 0 else 0.0,
-        **_split_constexprs(headdim, headdim_v, group, block_m, seqlens_k is not None, leftpad is not None,
-                            cache_rows is not None, paged, mask is not None, window_left >= 0, window_right >= 0,
-                            softcap > 0, alibi_slopes is not None, q.dtype, split),
-    )
-    if split:
-        launch(
-            _combine_kernel, (batch * nheads * seqlen_q,), COMBINE_CONFIG,
-            out_part, lse_part, out, lse, batch, nheads, seqlen_q, num_splits,
-            *out_strides, *lse_strides,
-            HEAD_DIM_V=headdim_v, BLOCK_S=max(2, next_power_of_2(num_splits)),
-            BLOCK_DV=max(16, next_power_of_2(headdim_v)),
-        )
+    # The split kernel's scalars in parameter order: the cache's strides (which grow with a cache in
+    # transformers' layout, so a step's key holds them as triton specialises them, not by value),
+    # the other ints up to seqlen_k_fixed (max_seqlen_k), then the scales, windows and softcap factors.
+    cache_ints = (*k_cache.stride()[:3], *v_cache.stride()[:3], mask.stride(0) if mask is not None else 0)
+    ints = (*q.stride()[:3], *out_strides, *lse_strides, block_table.stride(0) if paged else 0,
+            alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
+            batch, seqlen_q, nheads, num_splits, k_cache.shape[1] if paged else 1)
+    tail = (softmax_scale * LOG2E_HOST, 1.0 / softmax_scale, window_left, window_right,
+            softmax_scale / softcap if softcap > 0 else 0.0, softcap / softmax_scale if softcap > 0 else 0.0)
+    combine_ints = (batch, nheads, seqlen_q, num_splits, *out_strides, *lse_strides)
+    kind = (headdim, headdim_v, group, block_m, *(t is not None for t in optional), window_left >= 0,
+            window_right >= 0, softcap > 0, q.dtype, split, return_lse)
+    block_s = max(2, next_power_of_2(num_splits))
+
+    out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if return_lse else None
+    # One float32 scratch (one allocation: a decoding step's host time counts) holds the partial
+    # outputs (num_splits, batch, nheads, seqlen_q, headdim_v) and then their LSEs, from a 16-byte
+    # boundary, as the kernels were compiled for.
+    n_lse = batch * nheads * seqlen_q
+    n_part = num_splits * n_lse if split else 0
+    at_lse_part = _round4(n_part * headdim_v)
+    scratch = torch.empty(at_lse_part + n_part, device=q.device, dtype=torch.float32) if split else None
+
+    fast = current_settings().fast_launch
+    key = None
+    if fast and plans.usable():  # (never under the interpreter, the only way CPU tensors reach these kernels)
+        addresses = [t.data_ptr() for t in (q, k_cache, v_cache)]
+        addresses += [t.data_ptr() for t in optional if t is not None]
+        # Steps replay kernels compiled for 16-byte aligned tensors and ints that fit 32 bits.
+        if not any(a & 15 for a in addresses) and max(cache_ints) < _INT32_END and max(ints) < _INT32_END:
+            key = (kind, _int_specialisation(cache_ints), ints, tail[2:4], max_seqlen_k < _INT32_END,
+                   k_cache.dtype, v_cache.dtype, *(t.dtype for t in optional if t is not None), *plans.switches())
+            step = _steps.get(key, launcher.MISSING)
+            if step is None:
+                key = None  # this kind of step cannot be replayed
+            elif step is not launcher.MISSING:
+                step.run(grid, addresses[:3], out, lse, scratch, n_lse, at_lse_part, optional,
+                         (*cache_ints, *ints, max_seqlen_k, *tail), combine_ints)
+                return out, lse
+
+    # The usual path: launch() (after the first call of a specialisation it calls the compiled
+    # kernel directly, launch.py), with each tensor argument a tensor; recorded where it may
+    # become a step.
+    lse_out = lse if return_lse else out  # not written where STORE_LSE is off
+    out_part = scratch[:n_part * headdim_v] if split else out  # ... nor the partials where SPLIT is off
+    lse_part = scratch[at_lse_part:] if split else lse_out
+
+    def launches():
+        launch(_decode_split_kernel, grid, SPLIT_CONFIG,
+               *_split_pointers(q, k_cache, v_cache, out, lse_out, out_part, lse_part, optional, out),
+               *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind))
+        if split:
+            launch(_combine_kernel, (n_lse,), COMBINE_CONFIG, out_part, lse_part, out, lse_out, *combine_ints,
+                   HEAD_DIM_V=headdim_v, BLOCK_S=block_s, BLOCK_DV=max(16, next_power_of_2(headdim_v)),
+                   STORE_LSE=return_lse)
+
+    with launcher.record_launches() if key is not None else contextlib.nullcontext() as recorded:
+        launches() if fast else launcher.without_fast_launch(launches)  # the setting off: triton's own launcher
+    if key is not None:
+        if len(_steps) >= _STEPS_MAX:
+            _steps.clear()
+        _steps[key] = _Step.build(recorded)
     return out, lse
+
+
+# ---------------------------------------------------------------- steps: a decoding step's host path
+#
+# Generation calls decode_attention once per layer per token with arguments that differ only in
+# the addresses, the key count and the strides of a growing cache, and the host sets the pace
+# (docs/design/decoding.md, "Host time"). A step keeps, per kind of call, the two compiled
+# kernels' launchers, and calls them with the new arguments: no per-launch specialisation over
+# ~50 arguments. Its key is what the kernels were compiled for (constexprs, argument dtypes, the
+# ints as triton specialises them, 16-byte alignment), so a call it answers runs the very kernels
+# the usual path would run.
+
+_steps: dict = {}  # key -> _Step, or None: this kind of step is launched the usual way
+_STEPS_MAX = 256
+_INT32_END = 2**31
+
+
+def _int_specialisation(ints: tuple) -> tuple:
+    """What triton specialises each int on (launch._int_key, for ints >= 0 known to fit 32 bits):
+    1, or whether 16 divides it."""
+    return tuple(2 if x == 1 else x % 16 == 0 for x in ints)
+
+
+def _round4(n: int) -> int:
+    """n float32 elements rounded up to whole 16 bytes."""
+    return (n + 3) & ~3
+
+
+def _split_pointers(q, k_cache, v_cache, out, lse, out_part, lse_part, optional, dummy) -> tuple:
+    """The split kernel's pointer arguments, as tensors or as addresses; `dummy` stands for the
+    optional tensors a call does not have (never read)."""
+    return (q, k_cache, v_cache, out, lse, out_part, lse_part, *(t if t is not None else dummy for t in optional))
+
+
+class _Step:
+    """The split and combine kernels of one kind of decoding step, called as plans.replayer does."""
+    __slots__ = ("split", "combine")
+
+    def __init__(self, split, combine):
+        self.split, self.combine = split, combine
+
+    @classmethod
+    def build(cls, recorded: list) -> "_Step | None":
+        launches = [plans.replayer(entry) for entry in recorded]
+        if not launches or None in launches:
+            return None
+        return cls(launches[0], launches[1] if len(launches) > 1 else None)
+
+    def run(self, grid, qkv, out, lse, scratch, n_lse, at_lse_part, optional, scalars, combine_ints) -> None:
+        """decode_attention's launches as its usual path makes them, each tensor given as its address
+        (unused pointers as `out`'s, as there)."""
+        out_p = out.data_ptr()
+        lse_p = lse.data_ptr() if lse is not None else out_p
+        part_p = scratch.data_ptr() if scratch is not None else out_p
+        lse_part_p = part_p + 4 * at_lse_part if scratch is not None else lse_p  # float32 elements
+        pointers = _split_pointers(*qkv, out_p, lse_p, part_p, lse_part_p,
+                                   [t.data_ptr() if t is not None else None for t in optional], out_p)
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        self.split(*grid, stream, *pointers, *scalars)
+        if self.combine is not None:
+            self.combine(n_lse, 1, 1, stream, part_p, lse_part_p, out_p, lse_p, *combine_ints)
 
 
 @torch.library.custom_op("genoflash::decode_attention", mutates_args=())

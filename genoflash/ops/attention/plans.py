@@ -25,6 +25,8 @@ fast_launch setting off, while tile configs are overridden (tests), or while a l
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from triton import knobs
 from triton.runtime import driver
@@ -58,8 +60,8 @@ def switches() -> tuple:
     return knobs.runtime.debug, knobs.compilation.instrumentation_mode, driver.active.get_current_device()
 
 
-def _usable() -> bool:
-    """Whether plans may be made or used now (beyond what a key says)."""
+def usable() -> bool:
+    """Whether plans (and decode.py's steps) may be made or used now (beyond what a key says)."""
     if not launcher.fast_launch_allowed() or configs.overridden():
         return False
     return not (launcher.hooked(knobs.runtime.launch_enter_hook) or launcher.hooked(knobs.runtime.launch_exit_hook))
@@ -174,6 +176,32 @@ def _raw_launcher(run):
     if not callable(raw) or not isinstance(metas, list):
         return None
     return raw, metas
+
+
+def replayer(recorded) -> "Callable | None":
+    """One recorded launch's kernel as `call(g0, g1, g2, stream, *arguments)`, the arguments being
+    the kernel's runtime parameters with each tensor given as its address (the constexprs are
+    appended as recorded): through triton's C launcher where its layout is known (as _RawLaunch),
+    else through the compiled kernel's runner (launch.py's direct call). For launch code that
+    builds its own arguments per call because some of them change every call (decode.py's steps:
+    the strides and key count of a growing cache). None for a launch without descriptors' support
+    here (a TMA descriptor argument) or one that was not recorded."""
+    if recorded is None:
+        return None
+    (_, tail, (run, function, metadata)), _, args = recorded
+    if any(type(a) in _DESCRIPTORS for a in args):
+        return None
+    found = _raw_launcher(run)
+    if found is None:
+        def call(g0, g1, g2, stream, *arguments):
+            run(g0, g1, g2, stream, function, metadata, None, None, None, *arguments, *tail)
+        return call
+    raw = found[0]
+    cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+    def call_raw(g0, g1, g2, stream, *arguments):
+        raw(g0, g1, g2, stream, function, cooperative, pdl, None, None, metadata, None, None, None, *arguments, *tail)
+    return call_raw
 
 
 def descriptor_arguments(desc, meta, address_of=None):
@@ -298,7 +326,7 @@ def planned(key: tuple | None, inputs: tuple, call, fast: bool = True):
     global replays
     if not fast:
         return launcher.without_fast_launch(call)
-    if key is None or not _usable():
+    if key is None or not usable():
         return call()
     plan = _plans.get(key, launcher.MISSING)
     if plan is None:  # this kind of call cannot be replayed

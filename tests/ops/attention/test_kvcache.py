@@ -298,3 +298,37 @@ def test_unchecked_indices_give_the_same_answer_without_reading_them(backend, de
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(caches[1][0], caches[0][0], rtol=0, atol=0)
     torch.testing.assert_close(caches[1][1], caches[0][1], rtol=0, atol=0)
+
+
+@pytest.mark.gpu  # decoding steps replay compiled kernels, which the interpreter has not
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype):
+    """decode_attention replays a kind of step it has seen (decode.py's steps) with the new
+    addresses, strides and key count: a cache in transformers' layout growing step by step, with and
+    without splits, with the padding mask and the LSE, answers bit for bit as with every launch
+    through triton's own launcher (whose answers the float64 tests above check)."""
+    from genoflash.ops.attention import decode
+
+    torch.manual_seed(15)
+    batch, nheads, nheads_k, d, capacity = 2, 8, 2, 128, 1100
+    k_all, v_all = (torch.randn(batch, nheads_k, capacity, d, device="cuda", dtype=dtype) for _ in range(2))
+    mask_all = torch.rand(batch, capacity, device="cuda") > 0.1
+    steps_before = len(decode._steps)
+    for keys in (1, 17, 129, 1000, 1001, 1002):
+        q = torch.randn(batch, nheads, 1, d, device="cuda", dtype=dtype).transpose(1, 2)
+        # a fresh cache per step, as DynamicCache's torch.cat makes one: strides grow with it
+        k, v = (t[:, :, :keys].clone().transpose(1, 2) for t in (k_all, v_all))
+        mask = mask_all[:, :keys].clone()
+        mask[:, -1] = True
+        for splits, lse_too in ((0, False), (0, True), (1, False), (3, True)):
+            kw = dict(softmax_scale=d ** -0.5, key_mask=mask, num_splits=splits, return_lse=lse_too)
+            with genoflash.settings(fast_launch=False):
+                want, want_lse = decode.decode_attention(q, k, v, None, keys, **kw)
+            for _ in range(2):  # the first call of a kind records it, the second replays it
+                got, got_lse = decode.decode_attention(q, k, v, None, keys, **kw)
+                assert torch.equal(got, want)
+                if lse_too:
+                    assert torch.equal(got_lse, want_lse)
+                else:
+                    assert got_lse is None
+    assert len(decode._steps) > steps_before

@@ -238,3 +238,126 @@ def test_raw_launch_passes_what_triton_s_wrapper_would(monkeypatch):
     assert plans._raw_launcher(run) == (c_launch, None)
     run.global_scratch_size = 64
     assert plans._raw_launcher(run) is None
+
+
+# ---------------------------------------------------------------- decoding steps (decode.py)
+
+class _StandIn:
+    """A decoding kernel's JITFunction face (its real parameters) over a stand-in compiled kernel."""
+
+    def __init__(self, real, compiled):
+        self.fn, self.arg_names, self.compiled = real.fn, real.arg_names, compiled
+        # (the interpreter's function keeps no parameters: decode.py declares seqlen_k_fixed alone
+        # do_not_specialize)
+        self.params = [types.SimpleNamespace(do_not_specialize=name == "seqlen_k_fixed") for name in real.arg_names]
+
+    def __getitem__(self, grid):
+        def first_launch(*args, num_warps, num_stages, **constexprs):
+            self.compiled.calls.append(("first launch", *grid, *args))
+            return self.compiled
+        return first_launch
+
+
+@pytest.fixture
+def decode_stand_ins(gpu_like, monkeypatch):
+    from genoflash.ops.attention import decode
+
+    monkeypatch.setattr(decode, "driver", plans.driver)
+    monkeypatch.setattr(decode, "_steps", {})
+    compiled = {"split": _Compiled(), "combine": _Compiled()}
+    monkeypatch.setattr(decode, "_decode_split_kernel", _StandIn(decode._decode_split_kernel, compiled["split"]))
+    monkeypatch.setattr(decode, "_combine_kernel", _StandIn(decode._combine_kernel, compiled["combine"]))
+    return decode, compiled
+
+
+def _named(call: tuple, tensors: dict) -> tuple:
+    """A launcher call with every address inside one of `tensors` replaced by (name, byte offset)."""
+    spans = [(name, t.data_ptr(), t.untyped_storage().nbytes()) for name, t in tensors.items()]
+    named = []
+    for a in call:
+        if type(a) is int and a >= 2**32:  # an address (strides and counts are far smaller)
+            hits = [(name, a - start) for name, start, size in spans if start <= a < start + max(size, 1)]
+            assert hits, f"an address outside every tensor of the call: {a:#x}"
+            a = hits[0]
+        named.append(a)
+    return tuple(named)
+
+
+def _transformers_cache(keys: int, dtype=torch.float16):
+    """q and a K/V cache as transformers' decoding step holds them: (batch, heads, seqlen, dim), viewed
+    as (batch, seqlen, heads, dim)."""
+    q = torch.randn(2, 8, 1, 64, dtype=dtype).transpose(1, 2)
+    k, v = (torch.randn(2, 2, keys, 64, dtype=dtype).transpose(1, 2) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_a_decoding_step_launches_what_the_usual_path_launches(decode_stand_ins, monkeypatch, num_splits,
+                                                               return_lse):
+    """Once a kind of step has run, decode_attention calls the two kernels' launchers with the call's
+    own arguments, as the usual path (launch.py's direct call) would have: same grid, stream,
+    scalars and constexprs, and each tensor's address. The cache grows by a key between calls, so the
+    strides and key count differ from the recorded call's (but not in what triton specialises on:
+    head dim 64 keeps the cache's strides multiples of 16, and 300-302 keep the mask's not)."""
+    decode, compiled = decode_stand_ins
+    calls = {}
+    for keys in (300, 301, 302):
+        q, k, v = _transformers_cache(keys)
+        mask = torch.ones(2, keys, dtype=torch.bool)
+        for path in ("step", "usual"):
+            for c in compiled.values():
+                c.calls.clear()
+            if path == "usual":
+                monkeypatch.setattr(decode, "_steps", {})  # nothing recorded: launch() for both kernels
+            out, lse = decode.decode_attention(q, k, v, None, keys, softmax_scale=0.2, window_left=64,
+                                               window_right=0, key_mask=mask, num_splits=num_splits,
+                                               return_lse=return_lse)
+            assert (lse is not None) == return_lse
+            tensors = dict(q=q, k=k, v=v, mask=mask, out=out, **({"lse": lse} if return_lse else {}))
+            calls[path] = [c.calls[0] for c in compiled.values() if c.calls]
+            assert len(calls[path]) == (2 if num_splits > 1 else 1)
+            assert all(call[0] != "first launch" for call in calls[path]) or keys == 300
+            # the split kernel's partials live in one fresh scratch buffer: name it by what the call passed
+            partials = [a for a in calls[path][0][9:16] if type(a) is int and a >= 2**32
+                        and not any(t.data_ptr() <= a < t.data_ptr() + t.untyped_storage().nbytes()
+                                    for t in tensors.values())]
+            base = min(partials, default=0)
+            calls[path] = [_named(tuple(("scratch", a - base) if a in partials else a for a in call), tensors)
+                           for call in calls[path]]
+        if keys > 300:
+            assert calls["step"] == calls["usual"]
+            assert len(decode._steps) == 1  # one kind of step across the growing cache
+    assert launcher.fast_launches > 0
+
+
+def test_steps_are_not_taken_for_unaligned_tensors_or_with_fast_launch_off(decode_stand_ins):
+    decode, compiled = decode_stand_ins
+    q, k, v = _transformers_cache(64)
+    decode.decode_attention(q, k, v, None, 64, softmax_scale=0.2, num_splits=1)
+    assert len(decode._steps) == 1
+    # q one element off a 16-byte boundary: the kernel compiled for an aligned q must not see it
+    q_off = torch.randn(2 * 8 * 64 + 1, dtype=torch.float16)[1:].view(2, 1, 8, 64)
+    before = launcher.fast_launches
+    decode.decode_attention(q_off, k, v, None, 64, softmax_scale=0.2, num_splits=1)
+    assert len(decode._steps) == 1 and launcher.fast_launches == before  # triton's own (stand-in) launch
+    assert compiled["split"].calls[-1][0] == "first launch"
+    # fast_launch=False: every launch through triton's own launcher, no step
+    decode._steps.clear()
+    with genoflash.settings(fast_launch=False):
+        for _ in range(2):
+            decode.decode_attention(q, k, v, None, 64, softmax_scale=0.2, num_splits=1)
+            assert compiled["split"].calls[-1][0] == "first launch"
+    assert not decode._steps
+
+
+def test_a_step_key_separates_what_triton_specialises(decode_stand_ins):
+    """A key-mask stride that 16 divides and one it does not are two kinds of step; so are a window
+    of 1 (a constexpr to triton) and of 2."""
+    decode, _ = decode_stand_ins
+    q, k, v = _transformers_cache(64)
+    for mask_len, left in ((64, 2), (65, 2), (80, 2), (64, 1)):
+        mask = torch.ones(2, mask_len, dtype=torch.bool)[:, :64]
+        decode.decode_attention(q, k, v, None, 64, softmax_scale=0.2, window_left=left, key_mask=mask,
+                                num_splits=1)
+    assert len(decode._steps) == 3  # (64 and 80 share one: both strides divisible by 16)
