@@ -270,17 +270,18 @@ def decode_stand_ins(gpu_like, monkeypatch):
     return decode, compiled
 
 
-def _named(call: tuple, tensors: dict) -> tuple:
-    """A launcher call with every address inside one of `tensors` replaced by (name, byte offset)."""
+def _named(call: tuple, pointers: int, tensors: dict) -> tuple:
+    """A launcher call (9 launch arguments, then the kernel's) with its `pointers` pointer arguments
+    replaced by (name, byte offset) in whichever of `tensors` holds them; an address in none of them
+    is a fresh scratch buffer's (the split kernel's partials), named by its offset from the lowest."""
     spans = [(name, t.data_ptr(), t.untyped_storage().nbytes()) for name, t in tensors.items()]
+    addresses = call[9:9 + pointers]
+    outside = [a for a in addresses if not any(start <= a < start + size for _, start, size in spans)]
     named = []
-    for a in call:
-        if type(a) is int and a >= 2**32:  # an address (strides and counts are far smaller)
-            hits = [(name, a - start) for name, start, size in spans if start <= a < start + max(size, 1)]
-            assert hits, f"an address outside every tensor of the call: {a:#x}"
-            a = hits[0]
-        named.append(a)
-    return tuple(named)
+    for a in addresses:
+        hits = [(name, a - start) for name, start, size in spans if start <= a < start + size]
+        named.append(hits[0] if hits else ("scratch", a - min(outside)))
+    return (*call[:9], *named, *call[9 + pointers:])
 
 
 def _transformers_cache(keys: int, dtype=torch.float16):
@@ -317,14 +318,10 @@ def test_a_decoding_step_launches_what_the_usual_path_launches(decode_stand_ins,
             tensors = dict(q=q, k=k, v=v, mask=mask, out=out, **({"lse": lse} if return_lse else {}))
             calls[path] = [c.calls[0] for c in compiled.values() if c.calls]
             assert len(calls[path]) == (2 if num_splits > 1 else 1)
-            assert all(call[0] != "first launch" for call in calls[path]) or keys == 300
-            # the split kernel's partials live in one fresh scratch buffer: name it by what the call passed
-            partials = [a for a in calls[path][0][9:16] if type(a) is int and a >= 2**32
-                        and not any(t.data_ptr() <= a < t.data_ptr() + t.untyped_storage().nbytes()
-                                    for t in tensors.values())]
-            base = min(partials, default=0)
-            calls[path] = [_named(tuple(("scratch", a - base) if a in partials else a for a in call), tensors)
-                           for call in calls[path]]
+            if keys > 300:  # (300: the kernels' first launches, with tensors)
+                assert all(call[0] != "first launch" for call in calls[path])
+                # the pointer arguments: 13 of the split kernel, 4 of the combine kernel
+                calls[path] = [_named(call, pointers, tensors) for call, pointers in zip(calls[path], (13, 4))]
         if keys > 300:
             assert calls["step"] == calls["usual"]
             assert len(decode._steps) == 1  # one kind of step across the growing cache
