@@ -19,6 +19,8 @@ goes through unchanged.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
@@ -41,6 +43,9 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     if kwargs.get("output_attentions"):
         raise ValueError("genoflash never forms the attention matrix: output_attentions is not available; "
                          "use attn_implementation='eager' to inspect attention weights")
+    if query.shape[2] == 1 and not dropout and kwargs.get("cu_seq_lens_q") is None \
+            and select_backend(query.device) == "triton":
+        return _decode_step(module, query, key, value, attention_mask, scaling, sliding_window, softcap), None
     q, k, v = _common_dtype(module, *(t.transpose(1, 2) for t in (query, key, value)))  # (batch, seqlen, heads, dim)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     # transformers counts a window in tokens including the current one; flash-attn's bounds are
@@ -57,15 +62,11 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
         out = flash_attn_varlen_func(q[0], k[0], v[0], cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k,
                                      **kw)
         return out[None], None
-    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.dtype != torch.bool):
-        raise ValueError(f"genoflash expects transformers' 2-D boolean padding mask (batch, kv_len), got "
-                         f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+    _check_mask(attention_mask)
     if attention_mask is not None and k.shape[1] > attention_mask.shape[1]:
         # A static cache: K/V hold every slot it allocated, the mask covers the filled ones, which
         # come first (transformers' FlashAttention path slices the same way).
         k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]
-    if q.shape[1] == 1 and not dropout and select_backend(q.device) == "triton":
-        return _decode_step(q, k, v, attention_mask, scaling, window, softcap or 0.0), None
     if attention_mask is None:
         return flash_attn_func(q, k, v, **kw), None
     batch, q_len = q.shape[:2]
@@ -79,24 +80,54 @@ def genoflash_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     return pad_input(out, q_index, batch, q_len), None
 
 
-def _decode_step(q, k, v, attention_mask, scaling, window, softcap):
-    """One new token per sequence against the cache, read where transformers keeps it (a strided
-    view of its (batch, heads, kv_len, dim) tensors): the split-KV decoding kernel, with the padding
-    mask read by the kernel, key by key, so the step neither copies the cache nor waits on the host.
-    Padded slots are skipped and windows count positions, as eager attention does."""
-    from ..ops.attention.decode import decode_attention, decode_attention_op  # the triton backend only
+_decode = None
 
-    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    if q.dtype != k.dtype or k.dtype != v.dtype:
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    mask = None if attention_mask is None else attention_mask[:, -k.shape[1]:]
-    scale, left, cap = check_scale(scaling, q.shape[-1]), window[0], check_softcap(softcap)
-    right = 0 if left >= 0 else -1  # one query, the last position: nothing lies right of it
+
+def _decode_module():
+    """ops.attention.decode, imported on first use: it needs triton, which the torch backend does not."""
+    global _decode
+    if _decode is None:
+        from ..ops.attention import decode
+        _decode = decode
+    return _decode
+
+
+def _check_mask(attention_mask) -> None:
+    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.dtype != torch.bool):
+        raise ValueError(f"genoflash expects transformers' 2-D boolean padding mask (batch, kv_len), got "
+                         f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+
+
+def _decode_step(module, query, key, value, attention_mask, scaling, sliding_window, softcap) -> torch.Tensor:
+    """One new token per sequence against the cache, read where transformers keeps it, in its
+    (batch, heads, kv_len, dim) layout: the split-KV decoding kernel, with the padding mask read
+    by the kernel, key by key, so the step neither copies the cache nor waits on the host. Padded
+    slots are skipped and windows count positions, as eager attention does. Returns
+    (batch, 1, heads, dim). The host sets a generation's pace, so this path does only what a
+    decoding step needs (docs/design/decoding.md)."""
+    decode = _decode_module()
+    query, key, value = _common_dtype(module, query, key, value)
+    _check_mask(attention_mask)
+    if attention_mask is not None and key.shape[2] > attention_mask.shape[1]:  # a static cache (as above)
+        key, value = key[:, :, :attention_mask.shape[1]], value[:, :, :attention_mask.shape[1]]
+    if query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1:  # the kernel's one layout demand
+        query, key, value = (last_dim_contiguous(t) for t in (query, key, value))
+    keys = key.shape[2]
+    mask = None if attention_mask is None else attention_mask[:, -keys:]
+    # (transformers passes the layer's float scaling and softcap: checked without a call where they are)
+    scale = scaling if type(scaling) is float and 0.0 < scaling < math.inf else check_scale(scaling, query.shape[-1])
+    cap = softcap if type(softcap) is float and 0.0 <= softcap < math.inf else check_softcap(softcap or 0.0)
+    # transformers counts a window in tokens including the current one; flash-attn's bounds are
+    # inclusive offsets. One query at the last position: nothing lies right of it.
+    left = -1 if sliding_window is None else sliding_window - 1
+    right = 0 if left >= 0 else -1
     if torch.compiler.is_compiling():  # a static cache's step, compiled by transformers: one graph node
-        return decode_attention_op(q, k, v, None, k.shape[1], scale, left, right, cap, None, None, None, None, mask,
-                                   0)[0]
-    return decode_attention(q, k, v, None, k.shape[1], softmax_scale=scale, window_left=left, window_right=right,
-                            softcap=cap, key_mask=mask, return_lse=False)[0]
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        return decode.decode_attention_op(q, k, v, None, keys, scale, left, right, cap, None, None, None, None, mask,
+                                          0)[0]
+    return decode.decode_attention(query, key, value, None, keys, softmax_scale=scale, window_left=left,
+                                   window_right=right, softcap=cap, key_mask=mask, return_lse=False,
+                                   heads_first=True)[0]
 
 
 def _common_dtype(module: torch.nn.Module, q, k, v):

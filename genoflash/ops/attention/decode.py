@@ -207,16 +207,39 @@ def _combine_kernel(OutPart, LsePart, Out, Lse, batch, nheads, seqlen_q, num_spl
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
+    """SMs of a CUDA device; the interpreter's stand-in count for the CPU (index -1)."""
+    if device_index < 0:
+        return INTERPRETER_SMS
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _splits_for(programs: int, sms: int) -> int:
+    """The most parts per sequence worth having: enough programs to fill the SMs several times over
+    (a decoding step is a stream of K and V from HBM, and each SM needs loads from several
+    programs in flight)."""
+    return max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), MAX_SPLITS))
+
+
 def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
-    """Parts per sequence: enough programs to fill the SMs several times over (a decoding step is a
-    stream of K and V from HBM, and each SM needs loads from several programs in flight), without
-    parts so short that the combine's reads and the per-part setup outweigh them."""
-    sms = INTERPRETER_SMS if device.type != "cuda" else _sm_count(device.index or 0)
-    want = cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))
-    return max(1, min(want, cdiv(max_keys, MIN_KEYS_PER_SPLIT), MAX_SPLITS))
+    """Parts per sequence: _splits_for's, without parts so short that the combine's reads and the
+    per-part setup outweigh them."""
+    sms = _sm_count(device.index or 0 if device.type == "cuda" else -1)
+    return max(1, min(_splits_for(programs, sms), cdiv(max_keys, MIN_KEYS_PER_SPLIT)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: int, device_index: int) -> tuple:
+    """What a call's shapes fix, computed once per shape (a decoding step's host time counts):
+    the GQA group, the row block, the grid's last two axes, the most useful split count, and the
+    fresh output's and LSE's strides."""
+    group = nheads // nheads_k
+    rows = rows_per_kv_head(seqlen_q, nheads, nheads_k)
+    block_m = max(16, min(64, next_power_of_2(rows)))  # tl.dot takes 16 rows at least
+    grid_bh, grid_m = batch * nheads_k, cdiv(rows, block_m)
+    out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
+    lse_strides = (nheads * seqlen_q, seqlen_q)
+    return (group, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index)), out_strides,
+            lse_strides)
 
 
 @functools.lru_cache(maxsize=256)
@@ -247,11 +270,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                      leftpad: torch.Tensor | None = None, cache_rows: torch.Tensor | None = None,
                      block_table: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
-                     num_splits: int = 0, return_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     num_splits: int = 0, return_lse: bool = True,
+                     heads_first: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of q (batch, seqlen_q, nheads, headdim) against keys read in place from a cache.
 
     k_cache, v_cache: (batch_cache, capacity, nheads_k, headdim[_v]) with any strides but the
-    channels', or paged (num_blocks, page_size, nheads_k, headdim[_v]) with block_table. seqlens_k,
+    channels', or paged (num_blocks, page_size, nheads_k, headdim[_v]) with block_table.
+    heads_first: q is (batch, nheads, seqlen_q, headdim) and the caches (batch_cache, nheads_k,
+    capacity, headdim[_v]), transformers' layout, read as they are (not with block_table). seqlens_k,
     leftpad, cache_rows: int32 (batch,) device tensors (sequence b's keys are slots
     [leftpad[b], seqlens_k[b]) of cache row cache_rows[b]); seqlens_k None means max_seqlen_k for
     every sequence. key_mask: (batch, capacity) bool or uint8, nonzero where a slot holds a key.
@@ -259,35 +285,40 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     validates every index (kvcache.check_cache does); this function trusts them.
     Returns (out (batch, seqlen_q, nheads, headdim_v) in q's dtype, lse (batch, nheads, seqlen_q)
     float32, natural log); lse is None where return_lse is False (then no kernel stores it)."""
-    batch, seqlen_q, nheads, headdim = q.shape
-    nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[-1]
-    group = nheads // nheads_k
-    rows = rows_per_kv_head(seqlen_q, nheads, nheads_k)
-    block_m = max(16, min(64, next_power_of_2(rows)))  # tl.dot takes 16 rows at least
-    grid = (num_splits, batch * nheads_k, cdiv(rows, block_m))
-    if num_splits <= 0:
-        grid = (choose_splits(grid[1] * grid[2], max_seqlen_k, q.device), *grid[1:])
-    num_splits = grid[0]
+    q_stride, k_stride, v_stride = q.stride(), k_cache.stride(), v_cache.stride()
+    if heads_first and block_table is not None:
+        raise ValueError("heads_first takes contiguous-slot caches, not pages (block_table)")
+    if heads_first:  # (the kernels take batch, position and head strides in that order)
+        batch, nheads, seqlen_q, headdim = q.shape
+        nheads_k, headdim_v = k_cache.shape[1], v_cache.shape[3]
+        q_ints = (q_stride[0], q_stride[2], q_stride[1])
+        cache_ints = (k_stride[0], k_stride[2], k_stride[1], v_stride[0], v_stride[2], v_stride[1])
+    else:
+        batch, seqlen_q, nheads, headdim = q.shape
+        nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[3]
+        q_ints, cache_ints = q_stride[:3], (*k_stride[:3], *v_stride[:3])
+    group, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides = _geometry(
+        batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device())
+    if num_splits <= 0:  # as choose_splits
+        num_splits = max(1, min(most_splits, (max_seqlen_k + MIN_KEYS_PER_SPLIT - 1) // MIN_KEYS_PER_SPLIT))
+    grid = (num_splits, grid_bh, grid_m)
     split = num_splits > 1
     paged = block_table is not None
     mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
     optional = (seqlens_k, leftpad, cache_rows, block_table, mask, alibi_slopes)
-    # out and lse are fresh and contiguous: their strides are known without asking.
-    out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
-    lse_strides = (nheads * seqlen_q, seqlen_q)
     # The split kernel's scalars in parameter order: the cache's strides (which grow with a cache in
-    # transformers' layout, so a step's key holds them as triton specialises them, not by value),
+    # transformers' layout, so a step's key holds them as triton specialises them, not by value:
+    # 1, or whether 16 divides them, as launch._int_key for ints >= 0 that fit 32 bits),
     # the other ints up to seqlen_k_fixed (max_seqlen_k), then the scales, windows and softcap factors.
-    cache_ints = (*k_cache.stride()[:3], *v_cache.stride()[:3], mask.stride(0) if mask is not None else 0)
-    ints = (*q.stride()[:3], *out_strides, *lse_strides, block_table.stride(0) if paged else 0,
+    cache_ints = (*cache_ints, mask.stride(0) if mask is not None else 0)
+    ints = (*q_ints, *out_strides, *lse_strides, block_table.stride(0) if paged else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
             batch, seqlen_q, nheads, num_splits, k_cache.shape[1] if paged else 1)
     tail = (softmax_scale * LOG2E_HOST, 1.0 / softmax_scale, window_left, window_right,
             softmax_scale / softcap if softcap > 0 else 0.0, softcap / softmax_scale if softcap > 0 else 0.0)
-    combine_ints = (batch, nheads, seqlen_q, num_splits, *out_strides, *lse_strides)
-    kind = (headdim, headdim_v, group, block_m, *(t is not None for t in optional), window_left >= 0,
-            window_right >= 0, softcap > 0, q.dtype, split, return_lse)
-    block_s = max(2, next_power_of_2(num_splits))
+    kind = (headdim, headdim_v, group, block_m, seqlens_k is not None, leftpad is not None, cache_rows is not None,
+            paged, mask is not None, alibi_slopes is not None, window_left >= 0, window_right >= 0, softcap > 0,
+            q.dtype, split, return_lse)
 
     out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if return_lse else None
@@ -302,18 +333,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     fast = current_settings().fast_launch
     key = None
     if fast and plans.usable():  # (never under the interpreter, the only way CPU tensors reach these kernels)
-        addresses = [t.data_ptr() for t in (q, k_cache, v_cache)]
-        addresses += [t.data_ptr() for t in optional if t is not None]
+        qkv = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
         # Steps replay kernels compiled for 16-byte aligned tensors and ints that fit 32 bits.
-        if not any(a & 15 for a in addresses) and max(cache_ints) < _INT32_END and max(ints) < _INT32_END:
-            key = (kind, _int_specialisation(cache_ints), ints, tail[2:4], max_seqlen_k < _INT32_END,
-                   k_cache.dtype, v_cache.dtype, *(t.dtype for t in optional if t is not None), *plans.switches())
+        aligned = not (qkv[0] | qkv[1] | qkv[2]) & 15 and not any(t.data_ptr() & 15 for t in optional if t is not None)
+        if aligned and max(cache_ints) < _INT32_END and max(ints) < _INT32_END:
+            key = (kind, tuple([2 if x == 1 else x % 16 == 0 for x in cache_ints]), ints, window_left, window_right,
+                   max_seqlen_k < _INT32_END, k_cache.dtype, v_cache.dtype,
+                   *(t.dtype for t in optional if t is not None), *plans.switches())
             step = _steps.get(key, launcher.MISSING)
             if step is None:
                 key = None  # this kind of step cannot be replayed
             elif step is not launcher.MISSING:
-                step.run(grid, addresses[:3], out, lse, scratch, n_lse, at_lse_part, optional,
-                         (*cache_ints, *ints, max_seqlen_k, *tail), combine_ints)
+                step.run(grid, qkv, out, lse, scratch, n_lse, at_lse_part, optional,
+                         (*cache_ints, *ints, max_seqlen_k, *tail), (batch, nheads, seqlen_q, num_splits, *out_strides,
+                                                                     *lse_strides))
                 return out, lse
 
     # The usual path: launch() (after the first call of a specialisation it calls the compiled
@@ -328,9 +361,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                *_split_pointers(q, k_cache, v_cache, out, lse_out, out_part, lse_part, optional, out),
                *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind))
         if split:
-            launch(_combine_kernel, (n_lse,), COMBINE_CONFIG, out_part, lse_part, out, lse_out, *combine_ints,
-                   HEAD_DIM_V=headdim_v, BLOCK_S=block_s, BLOCK_DV=max(16, next_power_of_2(headdim_v)),
-                   STORE_LSE=return_lse)
+            launch(_combine_kernel, (n_lse,), COMBINE_CONFIG, out_part, lse_part, out, lse_out,
+                   batch, nheads, seqlen_q, num_splits, *out_strides, *lse_strides,
+                   HEAD_DIM_V=headdim_v, BLOCK_S=max(2, next_power_of_2(num_splits)),
+                   BLOCK_DV=max(16, next_power_of_2(headdim_v)), STORE_LSE=return_lse)
 
     with launcher.record_launches() if key is not None else contextlib.nullcontext() as recorded:
         launches() if fast else launcher.without_fast_launch(launches)  # the setting off: triton's own launcher
@@ -354,12 +388,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 _steps: dict = {}  # key -> _Step, or None: this kind of step is launched the usual way
 _STEPS_MAX = 256
 _INT32_END = 2**31
-
-
-def _int_specialisation(ints: tuple) -> tuple:
-    """What triton specialises each int on (launch._int_key, for ints >= 0 known to fit 32 bits):
-    1, or whether 16 divides it."""
-    return tuple(2 if x == 1 else x % 16 == 0 for x in ints)
 
 
 def _round4(n: int) -> int:

@@ -305,8 +305,9 @@ def test_unchecked_indices_give_the_same_answer_without_reading_them(backend, de
 def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype):
     """decode_attention replays a kind of step it has seen (decode.py's steps) with the new
     addresses, strides and key count: a cache in transformers' layout growing step by step, with and
-    without splits, with the padding mask and the LSE, answers bit for bit as with every launch
-    through triton's own launcher (whose answers the float64 tests above check)."""
+    without splits, with the padding mask and the LSE, read through transposed views or as it is
+    (heads_first), answers bit for bit as with every launch through triton's own launcher (whose
+    answers the float64 tests above check)."""
     from genoflash.ops.attention import decode
 
     torch.manual_seed(15)
@@ -315,17 +316,20 @@ def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype):
     mask_all = torch.rand(batch, capacity, device="cuda") > 0.1
     steps_before = len(decode._steps)
     for keys in (1, 17, 129, 1000, 1001, 1002):
-        q = torch.randn(batch, nheads, 1, d, device="cuda", dtype=dtype).transpose(1, 2)
+        qh = torch.randn(batch, nheads, 1, d, device="cuda", dtype=dtype)
         # a fresh cache per step, as DynamicCache's torch.cat makes one: strides grow with it
-        k, v = (t[:, :, :keys].clone().transpose(1, 2) for t in (k_all, v_all))
+        kh, vh = (t[:, :, :keys].clone() for t in (k_all, v_all))
+        q, k, v = (t.transpose(1, 2) for t in (qh, kh, vh))
         mask = mask_all[:, :keys].clone()
         mask[:, -1] = True
         for splits, lse_too in ((0, False), (0, True), (1, False), (3, True)):
             kw = dict(softmax_scale=d ** -0.5, key_mask=mask, num_splits=splits, return_lse=lse_too)
             with genoflash.settings(fast_launch=False):
                 want, want_lse = decode.decode_attention(q, k, v, None, keys, **kw)
-            for _ in range(2):  # the first call of a kind records it, the second replays it
-                got, got_lse = decode.decode_attention(q, k, v, None, keys, **kw)
+            # the first call of a kind records it, the others replay it; heads_first reads
+            # transformers' layout as it is, as the transposed views
+            for args, heads_first in (((q, k, v), False), ((q, k, v), False), ((qh, kh, vh), True)):
+                got, got_lse = decode.decode_attention(*args, None, keys, heads_first=heads_first, **kw)
                 assert torch.equal(got, want)
                 if lse_too:
                     assert torch.equal(got_lse, want_lse)

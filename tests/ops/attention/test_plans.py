@@ -358,3 +358,29 @@ def test_a_step_key_separates_what_triton_specialises(decode_stand_ins):
         decode.decode_attention(q, k, v, None, 64, softmax_scale=0.2, window_left=left, key_mask=mask,
                                 num_splits=1)
     assert len(decode._steps) == 3  # (64 and 80 share one: both strides divisible by 16)
+
+
+def test_heads_first_launches_what_the_transposed_views_launch(decode_stand_ins):
+    """heads_first=True reads transformers' (batch, heads, seqlen, dim) tensors as they are: the
+    launches are those of the same tensors viewed (batch, seqlen, heads, dim)."""
+    decode, compiled = decode_stand_ins
+    q = torch.randn(2, 8, 1, 64, dtype=torch.float16)
+    k, v = (torch.randn(2, 2, 300, 64, dtype=torch.float16) for _ in range(2))
+    seen = []
+    for heads_first in (False, True, False, True):  # the first call compiles and records, the rest replay
+        args = (q, k, v) if heads_first else (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        for c in compiled.values():
+            c.calls.clear()
+        out, lse = decode.decode_attention(*args, None, 300, softmax_scale=0.2, num_splits=3,
+                                           heads_first=heads_first)
+        assert out.shape == (2, 1, 8, 64) and lse.shape == (2, 8, 1)
+        if seen or heads_first:
+            seen.append([_named(c.calls[0], pointers, dict(q=q, k=k, v=v, out=out, lse=lse))
+                         for c, pointers in zip(compiled.values(), (13, 4))])
+        else:
+            seen.append(None)
+    assert seen[1] == seen[2] == seen[3]
+    assert len(decode._steps) == 1  # one kind: the same kernels, strides and flags
+    with pytest.raises(ValueError, match="heads_first"):
+        decode.decode_attention(q, k, v, None, 300, softmax_scale=0.2, heads_first=True,
+                                block_table=torch.zeros(2, 1, dtype=torch.int32))
