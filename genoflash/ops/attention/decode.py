@@ -337,14 +337,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         # Steps replay kernels compiled for 16-byte aligned tensors and ints that fit 32 bits.
         aligned = not (qkv[0] | qkv[1] | qkv[2]) & 15 and not any(t.data_ptr() & 15 for t in optional if t is not None)
         if aligned and max(cache_ints) < _INT32_END and max(ints) < _INT32_END:
+            switches = plans.switches()  # (..., the current device, whose stream the launches go to)
             key = (kind, tuple([2 if x == 1 else x % 16 == 0 for x in cache_ints]), ints, window_left, window_right,
                    max_seqlen_k < _INT32_END, k_cache.dtype, v_cache.dtype,
-                   *(t.dtype for t in optional if t is not None), *plans.switches())
+                   *(t.dtype for t in optional if t is not None), *switches)
             step = _steps.get(key, launcher.MISSING)
             if step is None:
                 key = None  # this kind of step cannot be replayed
             elif step is not launcher.MISSING:
-                step.run(grid, qkv, out, lse, scratch, n_lse, at_lse_part, optional,
+                step.run(switches[2], grid, qkv, out, lse, scratch, n_lse, at_lse_part, optional,
                          (*cache_ints, *ints, max_seqlen_k, *tail), (batch, nheads, seqlen_q, num_splits, *out_strides,
                                                                      *lse_strides))
                 return out, lse
@@ -415,17 +416,17 @@ class _Step:
             return None
         return cls(launches[0], launches[1] if len(launches) > 1 else None)
 
-    def run(self, grid, qkv, out, lse, scratch, n_lse, at_lse_part, optional, scalars, combine_ints) -> None:
-        """decode_attention's launches as its usual path makes them, each tensor given as its address
-        (unused pointers as `out`'s, as there)."""
+    def run(self, device, grid, qkv, out, lse, scratch, n_lse, at_lse_part, optional, scalars,
+            combine_ints) -> None:
+        """decode_attention's launches as its usual path makes them (_split_pointers' order), each
+        tensor given as its address, unused pointers as `out`'s."""
         out_p = out.data_ptr()
         lse_p = lse.data_ptr() if lse is not None else out_p
         part_p = scratch.data_ptr() if scratch is not None else out_p
         lse_part_p = part_p + 4 * at_lse_part if scratch is not None else lse_p  # float32 elements
-        pointers = _split_pointers(*qkv, out_p, lse_p, part_p, lse_part_p,
-                                   [t.data_ptr() if t is not None else None for t in optional], out_p)
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
-        self.split(*grid, stream, *pointers, *scalars)
+        stream = driver.active.get_current_stream(device)
+        self.split(*grid, stream, *qkv, out_p, lse_p, part_p, lse_part_p,
+                   *[t.data_ptr() if t is not None else out_p for t in optional], *scalars)
         if self.combine is not None:
             self.combine(n_lse, 1, 1, stream, part_p, lse_part_p, out_p, lse_p, *combine_ints)
 
