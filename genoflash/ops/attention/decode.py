@@ -20,7 +20,9 @@ aligned to each sequence's own key count, as in the training kernels. An optiona
 device and is read by the kernel, so a decoding step needs no host synchronisation and no
 recompilation as the cache grows: the lengths are data, not constants.
 
-The split count and tile sizes come from measurements (docs/design/decoding.md).
+The split count and tile sizes come from measurements (docs/design/decoding.md). A kind of call
+seen before is launched as a step: its compiled kernels' launchers called with the new arguments
+(below), which keeps a decoding step's host time near SDPA's.
 """
 
 from __future__ import annotations
@@ -380,11 +382,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 #
 # Generation calls decode_attention once per layer per token with arguments that differ only in
 # the addresses, the key count and the strides of a growing cache, and the host sets the pace
-# (docs/design/decoding.md, "Host time"). A step keeps, per kind of call, the two compiled
-# kernels' launchers, and calls them with the new arguments: no per-launch specialisation over
-# ~50 arguments. Its key is what the kernels were compiled for (constexprs, argument dtypes, the
-# ints as triton specialises them, 16-byte alignment), so a call it answers runs the very kernels
-# the usual path would run.
+# (docs/design/decoding.md, "Where the host time went"). A step keeps, per kind of call, the two
+# compiled kernels' launchers, and calls them with the new arguments: no per-launch
+# specialisation over ~50 arguments. Its key is what the kernels were compiled for (constexprs,
+# argument dtypes, the ints as triton specialises them, 16-byte alignment), so a call it answers
+# runs the very kernels the usual path would run.
 
 _steps: dict = {}  # key -> _Step, or None: this kind of step is launched the usual way
 _STEPS_MAX = 256
