@@ -130,7 +130,7 @@ def run_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, f
 
 def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, floor_gbps: float,
                grid: dict) -> list[dict]:
-    """The split kernel's time for every combination of decode.py's constants in `grid`, on a
+    """The split kernel's time for every combination of DecodeConfig's fields in `grid`, on a
     contiguous cache and on the same keys in shuffled pages."""
     from ..ops.attention import decode
 
@@ -141,13 +141,10 @@ def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int,
     floor_ms = 2 * k.numel() * k.element_size() / (floor_gbps * 1e9) * 1e3
     k_pages, v_pages, table = _paged(k, v)
     layouts = {"contiguous": (k, v, None), "paged": (k_pages, v_pages, table)}
-    saved = {key: getattr(decode, key) for key in grid}
     rows = []
-    try:
-        for values in itertools.product(*grid.values()):
-            config = dict(zip(grid, values))
-            for key, value in config.items():
-                setattr(decode, key, value)
+    for values in itertools.product(*grid.values()):
+        config = dict(zip(grid, values))
+        with decode.use_config(**config):
             for layout, (kc, vc, bt) in layouts.items():
                 r = _timed(lambda: decode.decode_attention(q, kc, vc, None, seqlen_k, softmax_scale=HEADDIM ** -0.5,
                                                            block_table=bt))
@@ -158,9 +155,6 @@ def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int,
                     row["pct_of_floor"] = 100 * floor_ms / r["ms"]
                 rows.append(row)
                 print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
-    finally:
-        for key, value in saved.items():
-            setattr(decode, key, value)
     q = k = v = k_pages = v_pages = None
     layouts.clear()
     torch.cuda.empty_cache()
@@ -202,7 +196,7 @@ def main(argv: list[str]) -> int:
     metadata = run_metadata(CUDA, dtype="bf16", copy_rate_gbps=floor_gbps,
                             method="do_bench median (L2 cleared between calls); floor = K+V bytes / copy rate")
     if args.sweep:
-        grid = {"BLOCK_N": [32, 64], "NUM_WARPS": [2, 4], "NUM_STAGES": [2, 3, 4], "PROGRAMS_PER_SM": [2, 3, 4, 6]}
+        grid = {"block_n": [32, 64], "num_warps": [2, 4], "num_stages": [2, 3, 4], "programs_per_sm": [2, 3, 4, 6]}
         rows = [row for c in args.cases.split(",") for row in sweep_case(c, *CASES[c], floor_gbps, grid)]
         path = Path(f"{results_stem(args.out, metadata, 'decode-sweep')}.json")
         write_json(path, {"metadata": metadata, "grid": grid, "rows": rows})

@@ -79,19 +79,18 @@ def test_static_cache_generation_matches_eager(backend, padding, device):
     assert torch.equal(got, eager.generate(ids, **kw))
 
 
-def test_decoding_steps_match_eager_logits(device, monkeypatch):
+def test_decoding_steps_match_eager_logits(device):
     """Each decoding step's logits, not only the argmax: the split kernel against eager, with the
     cache split into parts of 16 keys or more (batch 2, left padding)."""
     from genoflash.ops.attention import decode
 
-    monkeypatch.setattr(decode, "MIN_KEYS_PER_SPLIT", 16)
     eager, ours = tiny_llama("eager", device), tiny_llama("genoflash", device)
     ids = torch.randint(0, 64, (2, 70), device=device)
     mask = torch.ones_like(ids)
     mask[0, :5] = 0
     kw = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, output_logits=True,
               return_dict_in_generate=True)
-    with genoflash.use_backend("triton"):
+    with genoflash.use_backend("triton"), decode.use_config(min_keys_per_split=16):
         got = ours.generate(ids, **kw)
     ref = eager.generate(ids, **kw)
     assert torch.equal(got.sequences, ref.sequences)

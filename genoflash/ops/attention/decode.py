@@ -28,6 +28,7 @@ seen before is launched as a step: its compiled kernels' launchers called with t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from typing import Optional
 
@@ -47,15 +48,29 @@ from .mask import _visible
 from .score_mods import _alibi_bias, _softcap
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 
-# Tile shape and pipelining of the split kernel, and how finely it splits: chosen on an H100 by
-# `genoflash bench decode --sweep` (docs/design/decoding.md).
-BLOCK_N = 32
-NUM_WARPS = 4
-NUM_STAGES = 2
-PROGRAMS_PER_SM = 4      # splits are added until the grid holds this many programs per SM ...
-MIN_KEYS_PER_SPLIT = 256  # ... while each split keeps at least this many keys
-MAX_SPLITS = 128
-SPLIT_CONFIG = LaunchConfig(NUM_WARPS, NUM_STAGES)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """The split kernel's tile and pipelining, and how finely a call splits its keys: splits are
+    added until the grid holds `programs_per_sm` programs per SM, while each split keeps at least
+    `min_keys_per_split` keys, up to `max_splits`."""
+    block_n: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    programs_per_sm: int = 4
+    min_keys_per_split: int = 256
+    max_splits: int = 128
+
+    @functools.cached_property
+    def launch_config(self) -> LaunchConfig:
+        return LaunchConfig(self.num_warps, self.num_stages)
+
+
+# Chosen on an H100 by `genoflash bench decode --sweep` (docs/design/decoding.md); `use_config`
+# swaps it for the sweep.
+DEFAULT_CONFIG = DecodeConfig()
+_config = DEFAULT_CONFIG
 COMBINE_CONFIG = LaunchConfig(num_warps=4, num_stages=1)
 MAX_ROWS = 128  # query rows per KV head (seqlen_q x group) up to which decoding takes this path
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exercises the splits
@@ -215,22 +230,35 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _splits_for(programs: int, sms: int) -> int:
+def _splits_for(programs: int, sms: int, cfg: DecodeConfig) -> int:
     """The most parts per sequence worth having: enough programs to fill the SMs several times over
     (a decoding step is a stream of K and V from HBM, and each SM needs loads from several
     programs in flight)."""
-    return max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), MAX_SPLITS))
+    return max(1, min(cdiv(cfg.programs_per_sm * sms, max(programs, 1)), cfg.max_splits))
 
 
 def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
     """Parts per sequence: _splits_for's, without parts so short that the combine's reads and the
     per-part setup outweigh them."""
     sms = _sm_count(device.index or 0 if device.type == "cuda" else -1)
-    return max(1, min(_splits_for(programs, sms), cdiv(max_keys, MIN_KEYS_PER_SPLIT)))
+    return max(1, min(_splits_for(programs, sms, _config), cdiv(max_keys, _config.min_keys_per_split)))
+
+
+@contextlib.contextmanager
+def use_config(**changes):
+    """DecodeConfig's fields changed inside this block, for the whole process (`bench decode
+    --sweep`, tests); decoding steps are kept per configuration."""
+    global _config
+    saved, _config = _config, dataclasses.replace(_config, **changes)
+    try:
+        yield _config
+    finally:
+        _config = saved
 
 
 @functools.lru_cache(maxsize=1024)
-def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: int, device_index: int) -> tuple:
+def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: int, device_index: int,
+              cfg: DecodeConfig) -> tuple:
     """What a call's shapes fix, computed once per shape (a decoding step's host time counts):
     the GQA group, the row block, the grid's last two axes, the most useful split count, and the
     fresh output's and LSE's strides."""
@@ -240,19 +268,19 @@ def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: 
     grid_bh, grid_m = batch * nheads_k, cdiv(rows, block_m)
     out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
     lse_strides = (nheads * seqlen_q, seqlen_q)
-    return (group, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index)), out_strides,
-            lse_strides)
+    return (group, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index), cfg),
+            out_strides, lse_strides)
 
 
 @functools.lru_cache(maxsize=256)
 def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, has_seqlens: bool, has_leftpad: bool,
                       has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool, has_left: bool, has_right: bool,
-                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool) -> dict:
+                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int) -> dict:
     """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
     counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
     return dict(
         HEAD_DIM=headdim, HEAD_DIM_V=headdim_v, GROUP=group,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=max(16, next_power_of_2(headdim)),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_power_of_2(headdim)),
         BLOCK_DV=max(16, next_power_of_2(headdim_v)),
         HAS_SEQLENS=has_seqlens, HAS_LEFTPAD=has_leftpad, HAS_ROWS=has_rows,
         PAGED=paged, HAS_KEY_MASK=has_mask, HAS_LEFT=has_left, HAS_RIGHT=has_right,
@@ -299,10 +327,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         batch, seqlen_q, nheads, headdim = q.shape
         nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[3]
         q_ints, cache_ints = q_stride[:3], (*k_stride[:3], *v_stride[:3])
+    cfg = _config
     group, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides = _geometry(
-        batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device())
+        batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device(), cfg)
     if num_splits <= 0:  # as choose_splits
-        num_splits = max(1, min(most_splits, (max_seqlen_k + MIN_KEYS_PER_SPLIT - 1) // MIN_KEYS_PER_SPLIT))
+        num_splits = max(1, min(most_splits, cdiv(max_seqlen_k, cfg.min_keys_per_split)))
     grid = (num_splits, grid_bh, grid_m)
     split = num_splits > 1
     paged = block_table is not None
@@ -342,7 +371,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             switches = plans.switches()  # (..., the current device, whose stream the launches go to)
             key = (kind, tuple([2 if x == 1 else x % 16 == 0 for x in cache_ints]), ints, window_left, window_right,
                    max_seqlen_k < _INT32_END, k_cache.dtype, v_cache.dtype,
-                   *(t.dtype for t in optional if t is not None), *switches)
+                   *(t.dtype for t in optional if t is not None), *switches,
+                   None if cfg is DEFAULT_CONFIG else cfg)  # (a frozen dataclass: hashing it costs a call)
             step = _steps.get(key, launcher.MISSING)
             if step is None:
                 key = None  # this kind of step cannot be replayed
@@ -360,9 +390,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lse_part = scratch[at_lse_part:] if split else lse_out
 
     def launches():
-        launch(_decode_split_kernel, grid, SPLIT_CONFIG,
+        launch(_decode_split_kernel, grid, cfg.launch_config,
                *_split_pointers(q, k_cache, v_cache, out, lse_out, out_part, lse_part, optional, out),
-               *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind))
+               *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind, cfg.block_n))
         if split:
             launch(_combine_kernel, (n_lse,), COMBINE_CONFIG, out_part, lse_part, out, lse_out,
                    batch, nheads, seqlen_q, num_splits, *out_strides, *lse_strides,

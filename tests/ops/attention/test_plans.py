@@ -254,6 +254,7 @@ class _StandIn:
     def __getitem__(self, grid):
         def first_launch(*args, num_warps, num_stages, **constexprs):
             self.compiled.calls.append(("first launch", *grid, *args))
+            self.compiled.configs.append((num_warps, num_stages, constexprs))
             return self.compiled
         return first_launch
 
@@ -265,6 +266,8 @@ def decode_stand_ins(gpu_like, monkeypatch):
     monkeypatch.setattr(decode, "driver", plans.driver)
     monkeypatch.setattr(decode, "_steps", {})
     compiled = {"split": _Compiled(), "combine": _Compiled()}
+    for c in compiled.values():
+        c.configs = []
     monkeypatch.setattr(decode, "_decode_split_kernel", _StandIn(decode._decode_split_kernel, compiled["split"]))
     monkeypatch.setattr(decode, "_combine_kernel", _StandIn(decode._combine_kernel, compiled["combine"]))
     return decode, compiled
@@ -384,3 +387,22 @@ def test_heads_first_launches_what_the_transposed_views_launch(decode_stand_ins)
     with pytest.raises(ValueError, match="heads_first"):
         decode.decode_attention(q, k, v, None, 300, softmax_scale=0.2, heads_first=True,
                                 block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+def test_use_config_reaches_the_launches_and_keeps_steps_out(decode_stand_ins):
+    """`bench decode --sweep` times DecodeConfig's fields through use_config: each setting must
+    reach the kernel's launch (tile, warps, stages) and the split count, and no step recorded
+    under the default may answer for it (it gets its own)."""
+    decode, compiled = decode_stand_ins
+    q, k, v = _transformers_cache(4096)
+    for _ in range(2):  # the default: a step from the second call on
+        decode.decode_attention(q, k, v, None, 4096, softmax_scale=0.2)
+    assert len(decode._steps) == 1
+    default_splits = decode.choose_splits(2 * 2, 4096, q.device)
+    with decode.use_config(block_n=64, num_warps=2, num_stages=3, programs_per_sm=1) as cfg:
+        assert cfg.launch_config.num_warps == 2 and decode.choose_splits(2 * 2, 4096, q.device) == 1 < default_splits
+        decode.decode_attention(q, k, v, None, 4096, softmax_scale=0.2)
+        num_warps, num_stages, constexprs = compiled["split"].configs[-1]
+        assert (num_warps, num_stages, constexprs["BLOCK_N"]) == (2, 3, 64)
+        assert compiled["split"].calls[-1][1] == 1  # the grid's split axis: one part per sequence
+    assert len(decode._steps) == 2 and decode._config is decode.DEFAULT_CONFIG
