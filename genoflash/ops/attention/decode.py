@@ -49,7 +49,6 @@ from .score_mods import _alibi_bias, _softcap
 from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 
 
-
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """The split kernel's tile and pipelining, and how finely a call splits its keys: splits are
