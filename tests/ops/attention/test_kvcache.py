@@ -301,8 +301,9 @@ def test_unchecked_indices_give_the_same_answer_without_reading_them(backend, de
 
 
 @pytest.mark.gpu  # decoding steps replay compiled kernels, which the interpreter has not
+@pytest.mark.parametrize("d", [128, 72])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype):
+def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype, d):
     """decode_attention replays a kind of step it has seen (decode.py's steps) with the new
     addresses, strides and key count: a cache in transformers' layout growing step by step, with and
     without splits, with the padding mask and the LSE, read through transposed views or as it is
@@ -311,7 +312,7 @@ def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype):
     from genoflash.ops.attention import decode
 
     torch.manual_seed(15)
-    batch, nheads, nheads_k, d, capacity = 2, 8, 2, 128, 1100
+    batch, nheads, nheads_k, capacity = 2, 8, 2, 1100
     k_all, v_all = (torch.randn(batch, nheads_k, capacity, d, device="cuda", dtype=dtype) for _ in range(2))
     mask_all = torch.rand(batch, capacity, device="cuda") > 0.1
     steps_before = len(decode._steps)

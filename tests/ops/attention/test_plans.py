@@ -287,27 +287,29 @@ def _named(call: tuple, pointers: int, tensors: dict) -> tuple:
     return (*call[:9], *named, *call[9 + pointers:])
 
 
-def _transformers_cache(keys: int, dtype=torch.float16):
+def _transformers_cache(keys: int, dtype=torch.float16, headdim: int = 64):
     """q and a K/V cache as transformers' decoding step holds them: (batch, heads, seqlen, dim), viewed
     as (batch, seqlen, heads, dim)."""
-    q = torch.randn(2, 8, 1, 64, dtype=dtype).transpose(1, 2)
-    k, v = (torch.randn(2, 2, keys, 64, dtype=dtype).transpose(1, 2) for _ in range(2))
+    q = torch.randn(2, 8, 1, headdim, dtype=dtype).transpose(1, 2)
+    k, v = (torch.randn(2, 2, keys, headdim, dtype=dtype).transpose(1, 2) for _ in range(2))
     return q, k, v
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("headdim", [64, 40])
 def test_a_decoding_step_launches_what_the_usual_path_launches(decode_stand_ins, monkeypatch, num_splits,
-                                                               return_lse):
+                                                               return_lse, headdim):
     """Once a kind of step has run, decode_attention calls the two kernels' launchers with the call's
     own arguments, as the usual path (launch.py's direct call) would have: same grid, stream,
-    scalars and constexprs, and each tensor's address. The cache grows by a key between calls, so the
+    scalars and constexprs, and each tensor's address. The cache grows between calls, so the
     strides and key count differ from the recorded call's (but not in what triton specialises on:
-    head dim 64 keeps the cache's strides multiples of 16, and 300-302 keep the mask's not)."""
+    300, 302 and 306 keys keep the cache's strides multiples of 16 at head dims 64 and 40, and the
+    mask's not)."""
     decode, compiled = decode_stand_ins
     calls = {}
-    for keys in (300, 301, 302):
-        q, k, v = _transformers_cache(keys)
+    for keys in (300, 302, 306):
+        q, k, v = _transformers_cache(keys, headdim=headdim)
         mask = torch.ones(2, keys, dtype=torch.bool)
         for path in ("step", "usual"):
             for c in compiled.values():
