@@ -236,11 +236,16 @@ def _splits_for(programs: int, sms: int, cfg: DecodeConfig) -> int:
     return max(1, min(cdiv(cfg.programs_per_sm * sms, max(programs, 1)), cfg.max_splits))
 
 
+def _split_count(most_splits: int, max_keys: int, cfg: DecodeConfig) -> int:
+    """At most `most_splits` parts, none so short that the combine's reads and the per-part setup
+    outweigh them."""
+    return max(1, min(most_splits, cdiv(max_keys, cfg.min_keys_per_split)))
+
+
 def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
-    """Parts per sequence: _splits_for's, without parts so short that the combine's reads and the
-    per-part setup outweigh them."""
+    """Parts per sequence for a grid of `programs` (sequence, KV head, row block) programs."""
     sms = _sm_count(device.index or 0 if device.type == "cuda" else -1)
-    return max(1, min(_splits_for(programs, sms, _config), cdiv(max_keys, _config.min_keys_per_split)))
+    return _split_count(_splits_for(programs, sms, _config), max_keys, _config)
 
 
 @contextlib.contextmanager
@@ -329,8 +334,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cfg = _config
     group, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides = _geometry(
         batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device(), cfg)
-    if num_splits <= 0:  # as choose_splits
-        num_splits = max(1, min(most_splits, cdiv(max_seqlen_k, cfg.min_keys_per_split)))
+    if num_splits <= 0:
+        num_splits = _split_count(most_splits, max_seqlen_k, cfg)
     grid = (num_splits, grid_bh, grid_m)
     split = num_splits > 1
     paged = block_table is not None

@@ -184,8 +184,8 @@ def replayer(recorded) -> "Callable | None":
     appended as recorded): through triton's C launcher where its layout is known (as _RawLaunch),
     else through the compiled kernel's runner (launch.py's direct call). For launch code that
     builds its own arguments per call because some of them change every call (decode.py's steps:
-    the strides and key count of a growing cache). None for a launch without descriptors' support
-    here (a TMA descriptor argument) or one that was not recorded."""
+    the strides and key count of a growing cache). None for a launch with a TMA descriptor
+    argument (not handled here) or one that was not recorded."""
     if recorded is None:
         return None
     (_, tail, (run, function, metadata)), _, args = recorded
