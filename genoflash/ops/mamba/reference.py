@@ -30,10 +30,13 @@ def selective_scan_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     batch, seqlen, dim = u.shape
     h = u_.new_zeros(batch, dim, A.shape[1])
     ys = []
-    for t in range(seqlen):
-        decay = torch.exp(delta_[:, t, :, None] * A_)                       # (batch, dim, dstate)
-        h = decay * h + (delta_[:, t] * u_[:, t])[:, :, None] * B_[:, t, None, :]
-        ys.append((h * C_[:, t, None, :]).sum(-1))                          # (batch, dim)
+    # The steps as one unbind each: indexing [:, t] once per step would give autograd a select per
+    # step, whose backward writes a zero tensor of the whole sequence (quadratic in seqlen).
+    steps = zip(*(t.unbind(1) for t in (delta_, u_, B_, C_)))
+    for delta_t, u_t, B_t, C_t in steps:
+        decay = torch.exp(delta_t[:, :, None] * A_)                          # (batch, dim, dstate)
+        h = decay * h + (delta_t * u_t)[:, :, None] * B_t[:, None, :]
+        ys.append((h * C_t[:, None, :]).sum(-1))                            # (batch, dim)
     y = torch.stack(ys, dim=1) if ys else u_.new_zeros(batch, 0, dim)
     if D is not None:
         y = y + u_ * D.to(acc)

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -411,6 +412,71 @@ def test_mamba_block_channels_first_is_the_channels_last_block(batch, seqlen, de
     for name, a, b in zip(names, [y, *grads], [ref, *ref_grads]):
         assert (a.double() - b).abs().max() <= 1e-5 * b.abs().max(), name
 
+
+def _published_mamba_block(m, u):
+    """Mamba-1's block (Gu & Dao 2023; mamba-ssm's Mamba with selective_scan_ref) on m's
+    parameters, from the equations, one step at a time and no genoflash op: x, z = in_proj(u);
+    x = silu(causal depthwise conv1d(x)), tap j at position t reading x[t - (d_conv - 1) + j];
+    dt, B, C = x_proj(x); dt = softplus(dt_proj(dt)); h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t with
+    A = -exp(A_log); y_t = C_t . h_t + D x_t; out_proj(y * silu(z)). A, D and the dt bias are
+    rounded to float32 as the block (and mamba-ssm) rounds them, so that float64 agrees to rounding."""
+    batch, seqlen, _ = u.shape
+    x, z = F.linear(u, m.in_proj.weight, m.in_proj.bias).split(m.d_inner, dim=-1)
+    w = m.conv1d.weight[:, 0]
+    conv = []
+    for t in range(seqlen):
+        acc = m.conv1d.bias.expand(batch, -1)
+        for j in range(m.d_conv):
+            if t - (m.d_conv - 1) + j >= 0:
+                acc = acc + w[:, j] * x[:, t - (m.d_conv - 1) + j]
+        conv.append(acc)
+    x = F.silu(torch.stack(conv, 1))
+    dt, B, C = F.linear(x, m.x_proj.weight).split([m.dt_rank, m.d_state, m.d_state], dim=-1)
+    dt = F.softplus(F.linear(dt, m.dt_proj.weight) + m.dt_proj.bias.float().to(u.dtype))
+    A, D = -torch.exp(m.A_log.float()).to(u.dtype), m.D.float().to(u.dtype)
+    h = u.new_zeros(batch, m.d_inner, m.d_state)
+    ys = []
+    for t in range(seqlen):
+        h = torch.exp(dt[:, t, :, None] * A) * h + dt[:, t, :, None] * B[:, t, None, :] * x[:, t, :, None]
+        ys.append((h * C[:, t, None, :]).sum(-1) + D * x[:, t])
+    return F.linear(torch.stack(ys, 1) * F.silu(z), m.out_proj.weight, m.out_proj.bias)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["Mamba", "BiMamba"])
+def test_mamba_block_is_the_published_block_in_float64(bidirectional, device):
+    """The block (forward and forward_reference, torch backend) and BiMamba (forward Mamba plus the
+    backward Mamba on the time-flipped input, flipped back) against the published Mamba-1
+    equations written step by step, in float64 at odd sizes: the output and the gradient of the
+    input and of every parameter, to float64 rounding. Every parameter is moved off its
+    initial value (D = 1, zero biases) so that no term of the equations drops out."""
+    torch.manual_seed(9)
+    block = (BiMamba if bidirectional else Mamba)(24, d_state=16).to(device, torch.float64)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    u = torch.randn(2, 17, 24, device=device, dtype=torch.float64)
+    dy = torch.randn_like(u)
+    params = list(block.parameters())
+
+    def published(v):
+        if not bidirectional:
+            return _published_mamba_block(block, v)
+        return (_published_mamba_block(block.forward_mamba, v)
+                + _published_mamba_block(block.backward_mamba, v.flip(1)).flip(1))
+
+    def out_and_grads(fn):
+        v = u.clone().requires_grad_()
+        y = fn(v)
+        return [y, *torch.autograd.grad(y, [v, *params], dy)]
+
+    truth = out_and_grads(published)
+    runs = {"forward": block} if bidirectional else {"forward": block, "forward_reference": block.forward_reference}
+    names = ["out", "du", *(f"d{n}" for n, _ in block.named_parameters())]
+    with genoflash.use_backend("torch"):
+        for run, fn in runs.items():
+            for name, got, want in zip(names, out_and_grads(fn), truth):
+                err = (got - want).abs().max().item()
+                assert err <= 1e-12 * max(want.abs().max().item(), 1.0), f"{run} {name}: error {err:.3e}"
 
 def test_bad_mamba_config():
     with pytest.raises(ValueError, match="d_state"):
