@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import genoflash
+from genoflash.ops.attention import decode
 from genoflash.ops.attention.reference import attention_reference
 from genoflash.ops.rotary import rotary_reference, rotary_tables
 
@@ -77,14 +78,19 @@ CASES = {  # batch, seqlen_q, nheads, nheads_k, headdim, seqlens, seqlen_new, le
 @pytest.mark.parametrize("backend,num_splits", [("triton", 0), ("triton", 5), ("torch", 0)],
                          ids=["triton", "triton-5-splits", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("layout", ["contiguous", "contiguous-tma", "paged"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_the_float64_reference(backend, num_splits, dtype, paged, case, device):
+def test_matches_the_float64_reference(backend, num_splits, dtype, layout, case, device):
     """On the triton backend every case decodes (decode.py); 5 splits of at most 129 keys leave
-    parts that end inside a tile and parts with no key at all."""
+    parts that end inside a tile and parts with no key at all. contiguous-tma reads the cache
+    through TMA descriptors (DecodeConfig.tma), whose whole boxes also read the slots past a
+    sequence's end: NaN there."""
     batch, seqlen_q, nheads, nheads_k, d, seqlens, seqlen_new, leftpad, extra = CASES[case]
+    paged = layout == "paged"
     if paged and leftpad is not None:
         pytest.skip("cache_leftpad goes with a contiguous cache")
+    if layout == "contiguous-tma" and backend != "triton":
+        pytest.skip("TMA is the triton kernel's")
     torch.manual_seed(sum(seqlens) + seqlen_q)
     capacity, page = 144, 16  # a paged sequence may fill past the last row of a page
     q = torch.randn(batch, seqlen_q, nheads, d, dtype=dtype, device=device)
@@ -95,6 +101,11 @@ def test_matches_the_float64_reference(backend, num_splits, dtype, paged, case, 
         k_new = torch.randn(batch, seqlen_new, nheads_k, d, dtype=dtype, device=device)
         v_new = torch.randn(batch, seqlen_new, nheads_k, d + 8, dtype=dtype, device=device)
     cos = sin = None
+    # Slots past each sequence's end (after the append) hold NaN: no kernel may let them reach an
+    # output, though a TMA box or a tile reads them.
+    ends = [n + seqlen_new for n in seqlens]
+    for b, end in enumerate(ends):
+        rows_k[b, end:] = rows_v[b, end:] = float("nan")
     if extra.get("rotary"):
         cos, sin = rotary_tables(capacity, 24, device=device)  # rotary_dim 24 < headdim 32
     interleaved = extra.get("interleaved", True)
@@ -118,7 +129,7 @@ def test_matches_the_float64_reference(backend, num_splits, dtype, paged, case, 
         idx = torch.randperm(batch + 2, device=device)[:batch]
         k_cache[idx], v_cache[idx] = rows_k, rows_v
         kw["cache_batch_idx"] = idx.to(torch.int32)
-    with genoflash.use_backend(backend):
+    with genoflash.use_backend(backend), decode.use_config(tma=layout == "contiguous-tma"):
         out, lse = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kw)
     args = (q, rows_k, rows_v, seqlens, leftpad or [0] * batch, k_new, v_new, cos, sin, interleaved, causal, window,
             softcap, alibi)
@@ -132,8 +143,10 @@ def test_matches_the_float64_reference(backend, num_splits, dtype, paged, case, 
     # The cache now holds the (rotated) new tokens where they belong, and nothing else changed.
     after_k = k_cache[kw["block_table"].long()].reshape(batch, capacity, nheads_k, d) if paged else k_cache[idx]
     after_v = v_cache[kw["block_table"].long()].reshape(batch, capacity, nheads_k, d + 8) if paged else v_cache[idx]
-    within_rule(after_k, truth[2], same[2], "k_cache")
-    torch.testing.assert_close(after_v, same[3], rtol=0, atol=0)
+    for b, end in enumerate(ends):
+        within_rule(after_k[b, :end], truth[2][b, :end], same[2][b, :end], "k_cache")
+    torch.testing.assert_close(after_v, same[3], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(after_k.isnan(), same[2].isnan(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
