@@ -354,9 +354,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     split = num_splits > 1
     paged = block_table is not None
     mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
-    # The caches as (batch_cache, capacity, nheads_k, dim) views, for TMA descriptors.
-    k_view, v_view = (k_cache.transpose(1, 2), v_cache.transpose(1, 2)) if heads_first else (k_cache, v_cache)
-    tma = cfg.tma and not paged and _tma_applies(k_view, v_view)
+    tma, k_view, v_view = False, k_cache, v_cache
+    if cfg.tma and not paged:  # (only then: the views cost host time a decoding step counts)
+        # The caches as (batch_cache, capacity, nheads_k, dim) views, for TMA descriptors.
+        if heads_first:
+            k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        tma = _tma_applies(k_view, v_view)
     optional = (seqlens_k, leftpad, cache_rows, block_table, mask, alibi_slopes)
     # The split kernel's scalars in parameter order: the cache's strides (which grow with a cache in
     # transformers' layout, so a step's key holds them as triton specialises them, not by value:
