@@ -355,7 +355,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     paged = block_table is not None
     mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
     tma, k_view, v_view = False, k_cache, v_cache
-    if cfg.tma and not paged:  # (only then: the views cost host time a decoding step counts)
+    if cfg.tma and not paged and current_settings().tma:  # (only then: the views cost host time a step counts)
         # The caches as (batch_cache, capacity, nheads_k, dim) views, for TMA descriptors.
         if heads_first:
             k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
@@ -456,9 +456,8 @@ def _round4(n: int) -> int:
 def _tma_applies(k_view: torch.Tensor, v_view: torch.Tensor) -> bool:
     """Whether the caches, as (batch_cache, capacity, nheads_k, dim) views, can be read through TMA
     descriptors: Hopper or later (or the interpreter), 16-byte aligned bases and strides."""
-    if not triton_interpreted():
-        if k_view.device.type != "cuda" or descriptors.device_capability(k_view.device)[0] < 9:
-            return False
+    if not triton_interpreted() and (k_view.device.type != "cuda" or not descriptors._has_tma(k_view.device)):
+        return False
     return descriptors.aligned(k_view) and descriptors.aligned(v_view)
 
 
