@@ -113,6 +113,8 @@ class HyenaFilter(nn.Module):
             nn.Linear(filter_order, filter_order), Sine(filter_order),
             nn.Linear(filter_order, order * d_model),
         )
+        for param in self.mlp.parameters():  # HyenaDNA trains the implicit filters without weight decay
+            param._no_weight_decay = True
         decay = torch.linspace(fast_decay, slow_decay, d_model)
         # Derived from the constructor's arguments, so kept out of the state dict.
         rates = math.log(1.0 / target) / decay

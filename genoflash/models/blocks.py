@@ -46,7 +46,8 @@ class SwiGLU(nn.Module):
 
 
 class PreNormBlock(nn.Module):
-    """x + mixer(norm(x)), then x + SwiGLU(norm(x)).
+    """x + mixer(norm(x)), then x + SwiGLU(norm(x)); with ffn_hidden 0 the mixer alone (the
+    layout of Mamba's and Caduceus's language models, which stack mixer-only blocks).
 
     The mixer moves information along the sequence (attention today; Hyena or Mamba later)
     and must map (..., dim) to the same shape, taking the packed-batch arguments
@@ -57,11 +58,13 @@ class PreNormBlock(nn.Module):
     def __init__(self, dim: int, mixer: nn.Module, ffn_hidden: int):
         super().__init__()
         self.mixer_norm, self.mixer = RMSNorm(dim), mixer
-        self.ffn_norm, self.ffn = RMSNorm(dim), SwiGLU(dim, ffn_hidden)
+        if ffn_hidden < 0:
+            raise ValueError(f"ffn_hidden must be >= 0 (0: no feed-forward), got {ffn_hidden}")
+        self.ffn_norm, self.ffn = (RMSNorm(dim), SwiGLU(dim, ffn_hidden)) if ffn_hidden else (None, None)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 max_seqlen: int | None = None, kv_cache=None) -> torch.Tensor:
         # kv_cache (inference in chunks) goes to mixers that keep one: attention's KVCache
         extra = {} if kv_cache is None else {"kv_cache": kv_cache}
         x = x + self.mixer(self.mixer_norm(x), cu_seqlens, max_seqlen, **extra)
-        return x + self.ffn(self.ffn_norm(x))
+        return x if self.ffn is None else x + self.ffn(self.ffn_norm(x))

@@ -10,6 +10,7 @@ attention: "HHHG") or Jamba-like "MMMG" are patterns too (`MIXERS`: letter -> fa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,8 @@ class DNALMConfig:
         vocab_size: token ids the embedding and LM head cover (the tokenizer's 9).
         dim, depth, nheads: width, number of blocks, query heads (head_dim = dim // nheads).
         nheads_k: K/V heads (fewer than nheads gives GQA/MQA); None means nheads.
-        ffn_mult: SwiGLU hidden width is ffn_mult * dim, rounded up to a multiple of 64.
+        ffn_mult: SwiGLU hidden width is ffn_mult * dim, rounded up to a multiple of 64; 0 leaves
+            the feed-forward out (mixer-only blocks, as Mamba's and Caduceus's LMs stack).
         causal: True for a causal LM (position i sees 0..i), False for a masked LM.
         rotary_base, rotary_interpolation: RoPE base and linear position interpolation.
         rotary_fused: rotate Q and K inside the attention kernels instead of in a pass of
@@ -96,6 +98,8 @@ class DNALMConfig:
                 raise ValueError(f"mixer={self.mixer!r} makes every layer {MIXER_NAMES[self.mixer]}; for a hybrid, "
                                  f"leave mixer='attention' and use layer_pattern letters (got {self.layer_pattern!r})")
             self.layer_pattern = MIXER_NAMES[self.mixer]
+        if not (math.isfinite(self.ffn_mult) and self.ffn_mult >= 0):
+            raise ValueError(f"ffn_mult must be a number >= 0 (0: no feed-forward), got {self.ffn_mult!r}")
         if self.dim % self.nheads:
             raise ValueError(f"dim ({self.dim}) must be divisible by nheads ({self.nheads})")
         unknown = set(self.layer_pattern) - set(LAYER_LETTERS)
@@ -217,12 +221,21 @@ class DNALM(nn.Module):
                                     for letter in config.layer_letters)
         self.norm = RMSNorm(config.dim)
         self.lm_head = nn.Linear(config.dim, config.num_labels or config.vocab_size, bias=False)
+        # Mamba blocks keep mamba-ssm's initialisation: N(0, 0.02) on in_proj and x_proj would
+        # start the state path ~80x weaker than the published block's (design note
+        # mixer-comparison.md).
+        own_init = {id(m) for block in self.modules() if isinstance(block, Mamba) for m in block.modules()}
         for name, module in self.named_modules():
-            # The Hyena filter MLP keeps its own initialisation (its Sine features need O(1)
-            # weights; N(0, 0.02) would flatten every filter), and so does Mamba's dt_proj
-            # (its bias sets the initial step sizes).
-            if ".filter." not in name and not name.endswith("dt_proj"):
+            # The Hyena filter MLP keeps its own initialisation too (its Sine features need O(1)
+            # weights; N(0, 0.02) would flatten every filter).
+            if ".filter." not in name and id(module) not in own_init:
                 _init_weights(module)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, Mamba):
+                    # The published LM's prenorm-residual rescale: 1/sqrt(the branches added to
+                    # the residual stream), two per block (mixer, feed-forward) or one.
+                    module.out_proj.weight /= math.sqrt(config.depth * (2 if ffn_hidden else 1))
         if config.tie_embeddings and config.num_labels is None:  # a classifier's head has its own rows
             self.lm_head.weight = self.embed.weight
 

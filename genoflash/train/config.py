@@ -64,6 +64,8 @@ class TrainConfig:
     dim: int = _option(64, "model width")
     depth: int = _option(2, "number of blocks")
     nheads: int = _option(4, "attention heads")
+    ffn_mult: float = _option(8 / 3, "SwiGLU feed-forward width per block, as a multiple of dim (0: mixer-only "
+                                     "blocks, the layout of Mamba's published language models)")
     layer_pattern: str = _option("G", "one letter per layer, repeated to depth: " +
                                  ", ".join(f"{k} {v}" for k, v in LAYER_LETTERS.items()))
     window_size: int = _option(128, "how far a local (L) layer sees, in tokens")
@@ -80,7 +82,8 @@ class TrainConfig:
     grad_accum: int = _option(1, "micro-batches per optimizer step: the effective batch is batch_size x grad_accum")
     lr: float = _option(3e-3, "peak learning rate")
     min_lr: float = _option(3e-4, "learning rate at the end of the cosine decay")
-    weight_decay: float = _option(0.01, "AdamW weight decay")
+    weight_decay: float = _option(0.01, "AdamW weight decay on matrices and embeddings (biases, norm gains, "
+                                        "Mamba's A_log and D and Hyena's implicit filters take none)")
     warmup_steps: int = _option(20, "linear learning-rate warmup steps")
     grad_clip: float = _option(1.0, "clip the gradient norm to this (0: off)")
     seq_len_warmup: bool = _option(False, "lm: start at seq_len_start and double up to seq_len")
@@ -157,6 +160,7 @@ class TrainConfig:
             need(head_dim % 8 == 0 and 8 <= head_dim <= MAX_HEADDIM, "dim",
                  f"nheads ({self.nheads}) x a head dim that is a multiple of 8 between 8 and {MAX_HEADDIM} "
                  f"(dim // nheads = {head_dim})")
+        need(math.isfinite(self.ffn_mult) and self.ffn_mult >= 0, "ffn_mult", "a number >= 0 (0: no feed-forward)")
         need(math.isfinite(self.lr) and self.lr > 0, "lr", "a positive number")
         need(math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr, "min_lr", f"in [0, lr = {self.lr}]")
         for key in ("weight_decay", "grad_clip"):  # grad_clip 0: no clipping
@@ -201,7 +205,8 @@ class TrainConfig:
         # The annotation task labels each base from both sides: a bidirectional model
         # (BiMamba for M layers), with classes none, the types, other.
         labels = len(self.types()) + 2 if self.task == "annotation" else None
-        return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, causal=self.task == "lm",
+        return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, ffn_mult=self.ffn_mult,
+                           causal=self.task == "lm",
                            layer_pattern=self.layer_pattern, window_size=self.window_size,
                            hyena_l_max=self.seq_len, num_labels=labels,
                            gradient_checkpointing=self.gradient_checkpointing)

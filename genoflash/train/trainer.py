@@ -82,6 +82,7 @@ from .classifier import SequenceClassifier
 from .checkpoint import CheckpointError
 from . import parallel
 from .config import ConfigError, TrainConfig, build_parser, config_from_args, flag
+from .optim import no_decay_names, param_groups
 
 logger = logging.getLogger(__name__)
 LOG_NAME, PLOT_NAME = "log.jsonl", "curves.png"
@@ -415,8 +416,10 @@ def train(cfg: TrainConfig, train_data: Dataset | None = None, eval_data: Datase
         train_data = default_train if train_data is None else train_data
         eval_data = default_eval if eval_data is None else eval_data
     train_fetch, eval_fetch = SafeFetcher(train_data, cfg.strict), SafeFetcher(eval_data, cfg.strict)
-    model = par.wrap(build_model(cfg).to(device))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    model = build_model(cfg).to(device)
+    no_decay = no_decay_names(model)
+    model = par.wrap(model)
+    optimizer = torch.optim.AdamW(param_groups(par.unwrap(model), cfg.weight_decay, no_decay), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     log_path = out_dir / LOG_NAME
     start = resume(out_dir, model, optimizer, scheduler, cfg, par) if cfg.resume else 0

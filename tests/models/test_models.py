@@ -103,6 +103,39 @@ def test_local_layers_see_only_their_window(causal):
         assert torch.equal(before, after) != should_change
 
 
+def test_mamba_layers_keep_the_published_initialisation():
+    """mamba-ssm's: in_proj and x_proj at nn.Linear's default (not the N(0, 0.02) of the other
+    layers, which starts the state path ~80x weaker), out_proj rescaled by 1/sqrt(residual branches)."""
+    from genoflash.layers import Mamba
+
+    for ffn_mult, branches in ((8 / 3, 2), (0.0, 1)):
+        torch.manual_seed(0)
+        model = tiny_lm(dim=64, depth=4, mixer="mamba", ffn_mult=ffn_mult)
+        m = model.blocks[0].mixer.mamba
+        torch.manual_seed(1)
+        fresh = Mamba(64)  # its own initialisation, drawn again: the same distribution
+        for name in ("in_proj", "x_proj"):
+            assert float(getattr(m, name).weight.std()) == pytest.approx(float(getattr(fresh, name).weight.std()),
+                                                                         rel=0.1), name
+        expected = float(fresh.out_proj.weight.std()) / (4 * branches) ** 0.5
+        assert float(m.out_proj.weight.std()) == pytest.approx(expected, rel=0.1)
+        if ffn_mult:
+            assert float(model.blocks[0].ffn.out.weight.std()) == pytest.approx(0.02, rel=0.1)
+    attention = tiny_lm(dim=64)
+    assert float(attention.blocks[0].mixer.q_proj.weight.std()) == pytest.approx(0.02, rel=0.1)
+
+
+def test_ffn_mult_0_gives_mixer_only_blocks():
+    model = tiny_lm(mixer="mamba", ffn_mult=0)
+    assert all(block.ffn is None and block.ffn_norm is None for block in model.blocks)
+    tokens = random_bases(2, 17)
+    out = model(tokens, labels=tokens)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and out.logits.shape == (2, 17, 9)
+    with pytest.raises(ValueError, match="ffn_mult"):
+        tiny_lm(ffn_mult=-1.0)
+
+
 def test_layer_pattern_repeats_to_depth():
     model = tiny_lm(depth=4, layer_pattern="LG", window_size=16, causal=False)
     assert model.config.layer_letters == "LGLG"

@@ -62,7 +62,8 @@ def test_grad_accum_must_be_a_positive_integer(bad):
     ("min_lr", -1e-4, r"min_lr \(--min-lr\) must be in \[0, lr"), ("min_lr", 1.0, r"must be in \[0, lr"),
     ("weight_decay", -0.1, r"weight_decay \(--weight-decay\) must be a number >= 0"),
     ("grad_clip", float("inf"), r"grad_clip \(--grad-clip\) must be"),
-    ("warmup_steps", -1, r"warmup_steps \(--warmup-steps\) must be an integer >= 0")])
+    ("warmup_steps", -1, r"warmup_steps \(--warmup-steps\) must be an integer >= 0"),
+    ("ffn_mult", -0.5, r"ffn_mult \(--ffn-mult\) must be a number >= 0")])
 def test_optimizer_settings_out_of_range_are_errors(field, bad, message):
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**{field: bad})

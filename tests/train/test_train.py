@@ -408,3 +408,29 @@ def test_load_trained_model_reads_the_newest_checkpoint(tmp_path):
     assert not model.training
     for (name, a), (_, b) in zip(result["model"].state_dict().items(), model.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_weight_decay_reaches_matrices_but_not_vectors_mambas_decay_rates_or_hyenas_filters(tmp_path):
+    """Each mixer's published recipe: mamba-ssm keeps A_log and D out of weight decay, HyenaDNA its
+    implicit filters; biases and norm gains take none either. Read from the optimizer's own groups
+    as the checkpoint stores them."""
+    train(TrainConfig(**{**TINY, "layer_pattern": "HM", "steps": 1, "weight_decay": 0.05, "device": "cpu",
+                         "out_dir": str(tmp_path)}))
+    from genoflash.train.checkpoint import checkpoint_dirs
+
+    state = json.loads((checkpoint_dirs(tmp_path)[0] / "state.json").read_text())
+    groups = dict(state["optimizer"]["dict"])["param_groups"]["list"]
+    decay = {}
+    for group in groups:
+        fields = dict(group["dict"])
+        for name in fields["params"]["list"]:
+            decay[name["value"]] = fields["weight_decay"]["value"]
+    mamba, hyena = "trunk.blocks.1.mixer.mamba.forward_mamba", "trunk.blocks.0.mixer.hyena"
+    for name in (f"{mamba}.in_proj.weight", f"{mamba}.x_proj.weight", f"{mamba}.out_proj.weight",
+                 f"{hyena}.in_proj.weight", "trunk.blocks.0.ffn.out.weight", "trunk.embed.weight"):
+        assert decay[name] == 0.05, name
+    for name in (f"{mamba}.A_log", f"{mamba}.D", f"{mamba}.dt_proj.bias", f"{hyena}.filter.mlp.0.weight",
+                 f"{hyena}.filter.mlp.1.freq", "trunk.blocks.0.mixer_norm.weight", f"{hyena}.in_proj.bias"):
+        assert decay[name] == 0.0, name
+    params = dict(dict(state["optimizer"]["dict"])["state"]["dict"])
+    assert set(decay) == set(params)  # every parameter in exactly one group

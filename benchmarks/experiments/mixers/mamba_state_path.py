@@ -9,8 +9,9 @@ initialisation, and whether strengthening it lets the demo's BiMamba bridge a ga
 
 `ratio`: one Mamba block (d_model 128, d_state 16) on RMS-normed random input (batch 4, 200
 positions), its output split into the state path's part (C . h) and the skip's (D . x), as
-Frobenius norms, with mamba-ssm's initialisation (nn.Linear's default) and with the DNA LM's
-(N(0, 0.02) for every Linear but dt_proj). Written from the paper's recurrence, step by step.
+Frobenius norms, with mamba-ssm's initialisation (nn.Linear's default) and with N(0, 0.02) for
+every Linear but dt_proj (the DNA LM's until 2026-12-06, when it took mamba-ssm's). Written from
+the paper's recurrence, step by step.
 
 `demo`: `genoflash demo` with every Mamba block's in_proj and x_proj at nn.Linear's default
 initialisation and x_proj's B and C rows times 3 (a state path ~10x stronger at step 0).
@@ -34,8 +35,8 @@ no genoflash op), as a check that the curve is the equations' and not the implem
 `lag`: how strongly the first mixer of the distance-80 demo's classifier (dim 128, 176 positions)
 depends, at initialisation, on its input k positions back: ||d y_t / d u_{t-k}||_F for random
 unit-variance probe directions, averaged over t in [88, 96) (2 probes each), for BiMamba with the
-DNA LM's and the published initialisation, and Hyena; `--bc` instead for the published one with
-x_proj's B and C rows x3, x10 and x30. Prints one JSON object.
+N(0, 0.02) initialisation (the DNA LM's until 2026-12-06) and the published one, and Hyena; `--bc`
+instead for the published one with x_proj's B and C rows x3, x10 and x30. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def ratio() -> None:
     for name, module in m.named_modules():
         if not name.endswith("dt_proj"):
             _init_weights(module)
-    print("the DNA LM's init: |C.h| %.3g, |D.x| %.3g" % state_and_skip(m, u))
+    print("N(0, 0.02) init: |C.h| %.3g, |D.x| %.3g" % state_and_skip(m, u))
 
 
 def demo(argv: list[str]) -> int:
@@ -174,7 +175,7 @@ def lag_dependence(bc: bool) -> dict:
     torch.set_num_threads(1)
     seqlen, dim, lags = 176, 128, [0, 1, 2, 3, 4, 8, 16, 24, 32, 48, 64, 80]
     cases = ([(f"BiMamba, published init, B,C x{s:g}", "M", s) for s in (3, 10, 30)] if bc else
-             [("BiMamba, DNA LM init", "M", None), ("BiMamba, published init", "M", 1.0), ("Hyena", "H", None)])
+             [("BiMamba, N(0, 0.02) init", "M", 0.0), ("BiMamba, published init", "M", 1.0), ("Hyena", "H", None)])
     torch.manual_seed(1)
     u0 = torch.randn(1, seqlen, dim)
     u0 = u0 / u0.pow(2).mean(-1, keepdim=True).sqrt()
@@ -184,7 +185,14 @@ def lag_dependence(bc: bool) -> dict:
                           spacer=0, margin=16, layer_pattern=letter)
         torch.manual_seed(0)
         model = trainer.build_model(cfg)
-        if bc_scale is not None:
+        if bc_scale == 0.0:  # the N(0, 0.02) case: every Mamba Linear but dt_proj redrawn
+            from genoflash.layers.mamba import Mamba
+            from genoflash.models.dna_lm import _init_weights
+            for m in (m for m in model.modules() if isinstance(m, Mamba)):
+                for name, sub in m.named_modules():
+                    if not name.endswith("dt_proj"):
+                        _init_weights(sub)
+        elif bc_scale is not None:
             _published_init(model, cfg.depth, bc_scale)
         mixer = model.trunk.blocks[0].mixer
         sq, n = torch.zeros(len(lags)), 0
