@@ -8,6 +8,7 @@
     genoflash bench decode       one decoding step against a long KV cache, beside SDPA and the HBM floor (GPU)
     genoflash bench generate     transformers generate(): per-token time with genoflash against sdpa (GPU)
     genoflash bench extrapolation  a trained DNA LM's held-out loss against context, with plain RoPE, PI and NTK
+    genoflash bench genome       attention, local+global, Hyena, Mamba as DNA LMs on a genome: bits/base vs context
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
     genoflash bench memory       peak memory against N for genoflash, standard attention and SDPA (GPU)
     genoflash bench mixers       attention vs Hyena vs Mamba, one layer's time and memory against N (GPU)
@@ -31,8 +32,8 @@ def _example(argv):
 
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
-    parser.add_argument("what", choices=["attention", "decode", "extrapolation", "features", "generate", "memory",
-                                         "mixers", "quality", "ring"])
+    parser.add_argument("what", choices=["attention", "decode", "extrapolation", "features", "generate", "genome",
+                                         "memory", "mixers", "quality", "ring"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
@@ -44,6 +45,8 @@ def _bench(argv):
         from .bench.features import main
     elif args.what == "generate":
         from .bench.generate import main
+    elif args.what == "genome":
+        from .bench.genome import main
     elif args.what == "mixers":
         from .bench.mixers import main
     elif args.what == "quality":

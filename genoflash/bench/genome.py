@@ -1,0 +1,299 @@
+"""`genoflash bench genome`: attention, local + global attention, Hyena and Mamba as DNA language
+models on one genome, held out by chromosome: test bits per base against context length, with each
+mixer's learning rate swept, several seeds, and the step time and peak memory of every run.
+
+Every model has about the same parameter count and sees the same tokens:
+    attention      global attention in every block (G), SwiGLU feed-forward
+    local-global   three sliding-window blocks per global one (LLLG), SwiGLU feed-forward
+    hyena          the Hyena operator in every block (H), SwiGLU feed-forward
+    mamba          Mamba blocks alone, twice as many (M, no feed-forward: the published Mamba LM's
+                   layout, whose mixer holds about the parameters of attention + feed-forward)
+Each run is `genoflash train --task lm` with the same flags but the mixer's, its learning rate, its
+context and its seed; a step reads --tokens-per-step tokens (tokens-per-step / context sequences).
+
+Two stages, in one command:
+    sweep   each mixer at every --lrs value, at --sweep-context, seed the first of --seeds;
+    ladder  each mixer at the rate whose held-out (validation) loss was lowest, at every --contexts
+            value and every seed (the sweep's run is reused where it matches).
+The test loss is the mean per-base cross-entropy over held-out windows of the run's context from the
+--test-chroms chromosomes (about --eval-tokens bases at every context), in bits (chance: 2).
+
+The results file is also the command's state: each run is written to it as soon as it ends, and a
+run already in it is not run again. So a job cut into pieces (--time-budget stops before a run that
+would not fit) goes on where it stopped when the same command runs again.
+
+    genoflash bench genome --fasta sacCer_S288C.fa --val-chroms chrXV --test-chroms chrXVI \\
+        --contexts 1024,4096,16384,65536,262144 --lrs 1e-3,2e-3,4e-3 --seeds 0,1 --results genome-lm.json
+
+Results: the JSON (with device, date, commit and versions) and, beside it, a plot of test bits per
+base against context, of step time against context, and of the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
+
+# name -> (layer_pattern, depth multiplier, SwiGLU width as a multiple of dim; 0: none)
+MIXERS = {"attention": ("G", 1, 8 / 3), "local-global": ("LLLG", 1, 8 / 3), "hyena": ("H", 1, 8 / 3),
+          "mamba": ("M", 2, 0.0)}
+# What must match for a results file's runs to be comparable with this command's.
+SHAPE_KEYS = ("fasta", "val_chroms", "test_chroms", "dim", "depth", "nheads", "window", "tokens_per_step", "steps",
+              "warmup_steps", "eval_tokens", "weight_decay")
+LN2 = math.log(2)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(float(v)) for v in text.split(",") if v.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="genoflash bench genome", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fasta", required=True, help="the genome (FASTA; an index is built beside it if missing)")
+    p.add_argument("--val-chroms", required=True, help="comma-separated chromosomes for the validation loss")
+    p.add_argument("--test-chroms", required=True, help="comma-separated chromosomes for the test loss")
+    p.add_argument("--mixers", default=",".join(MIXERS), help=f"comma-separated, of {', '.join(MIXERS)}")
+    p.add_argument("--contexts", default="1024,4096,16384", help="the ladder's context lengths (tokens)")
+    p.add_argument("--sweep-context", type=int, default=None, help="the sweep's context (default: the "
+                   "shortest of --contexts)")
+    p.add_argument("--lrs", default="1e-3,2e-3,4e-3", help="the learning rates of the sweep (at least 3 to "
+                   "tell a tuned mixer from an untuned one)")
+    p.add_argument("--seeds", default="0,1", help="the ladder's seeds; the sweep uses the first")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--depth", type=int, default=4, help="blocks (Mamba: twice as many, without feed-forward)")
+    p.add_argument("--nheads", type=int, default=4, help="attention heads")
+    p.add_argument("--window", type=int, default=512, help="the local layers' window (local-global)")
+    p.add_argument("--tokens-per-step", type=int, default=65536, help="tokens per optimizer step at every context")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup-steps", type=int, default=30)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--eval-tokens", type=int, default=1 << 20, help="held-out bases per evaluation (validation "
+                   "and test each), at every context")
+    p.add_argument("--gradient-checkpointing-from", type=int, default=0, help="recompute each block in the "
+                   "backward at contexts from this length (0: never)")
+    p.add_argument("--results", type=Path, default=None, help="results JSON, read first to skip the runs it "
+                   "holds (default: <out>/<device>-<date>-genome-lm.json)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the default results file goes")
+    p.add_argument("--runs-dir", type=Path, default=None, help="the runs' directories (logs, checkpoints); "
+                   "default: a temporary one, deleted")
+    p.add_argument("--time-budget", type=float, default=0, help="seconds: start no run that the slowest run so "
+                   "far says would end past it (0: no limit); the same command later goes on")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+    args.mixer_names = [m.strip() for m in args.mixers.split(",") if m.strip()]
+    for name in args.mixer_names:
+        if name not in MIXERS:
+            p.error(f"--mixers: unknown mixer {name!r}; choose from {', '.join(MIXERS)}")
+    args.context_list, args.lr_list, args.seed_list = _ints(args.contexts), _floats(args.lrs), _ints(args.seeds)
+    if not args.context_list or not args.lr_list or not args.seed_list:
+        p.error("--contexts, --lrs and --seeds each need at least one value")
+    args.sweep_context = args.sweep_context or min(args.context_list)
+    for c in [*args.context_list, args.sweep_context]:
+        if c < 2 or args.tokens_per_step % c:
+            p.error(f"--tokens-per-step ({args.tokens_per_step}) must be a multiple of every context, got {c}")
+    if "local-global" in args.mixer_names and args.depth % 4:
+        p.error(f"--depth must be a multiple of 4 for local-global (LLLG), got {args.depth}")
+    return args
+
+
+def shape(args) -> dict:
+    return {"fasta": os.path.basename(args.fasta), "val_chroms": args.val_chroms, "test_chroms": args.test_chroms,
+            "dim": args.dim, "depth": args.depth, "nheads": args.nheads, "window": args.window,
+            "tokens_per_step": args.tokens_per_step, "steps": args.steps, "warmup_steps": args.warmup_steps,
+            "eval_tokens": args.eval_tokens, "weight_decay": args.weight_decay}
+
+
+def run_key(mixer: str, context: int, lr: float, seed: int) -> str:
+    return f"{mixer}/{context}/{lr:g}/{seed}"
+
+
+def train_config(args, mixer: str, context: int, lr: float, seed: int, out_dir: Path):
+    from ..train.config import TrainConfig
+
+    pattern, depth_mult, ffn_mult = MIXERS[mixer]
+    return TrainConfig(task="lm", fasta=args.fasta, val_chroms=args.val_chroms, test_chroms=args.test_chroms,
+                       dim=args.dim, depth=args.depth * depth_mult, nheads=args.nheads, ffn_mult=ffn_mult,
+                       layer_pattern=pattern, window_size=args.window, seq_len=context,
+                       batch_size=args.tokens_per_step // context, steps=args.steps, lr=lr, min_lr=lr / 10,
+                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+                       eval_every=max(args.steps // 6, 1), eval_samples=max(args.eval_tokens // context, 1),
+                       log_every=max(args.steps // 30, 1), checkpoint_every=args.steps, keep_checkpoints=1,
+                       gradient_checkpointing=bool(args.gradient_checkpointing_from)
+                       and context >= args.gradient_checkpointing_from,
+                       out_dir=str(out_dir), seed=seed, device=args.device, progress=False)
+
+
+def one_run(args, mixer: str, context: int, lr: float, seed: int, runs_dir: Path) -> dict:
+    """Train one model; its record (diverged runs included, with the loss as inf)."""
+    import torch
+
+    from ..train.trainer import TrainingDiverged, train
+
+    cfg = train_config(args, mixer, context, lr, seed, runs_dir / run_key(mixer, context, lr, seed).replace("/", "_"))
+    record = {"mixer": mixer, "layer_pattern": cfg.layer_pattern, "depth": cfg.depth, "ffn_mult": cfg.ffn_mult,
+              "context": context, "lr": lr, "seed": seed, "batch_size": cfg.batch_size,
+              "gradient_checkpointing": cfg.gradient_checkpointing}
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    try:
+        result = train(cfg)
+    except TrainingDiverged as err:
+        return {**record, "diverged": str(err), "val_bits": math.inf, "test_bits": math.inf,
+                "seconds": round(time.perf_counter() - start, 1)}
+    history = result["history"]
+    rates = [h["tokens_per_s"] for h in history if "tokens_per_s" in h][1:]  # the first holds the compiles
+    evals = [(h["step"], h["eval"]["loss"] / LN2) for h in history if "eval" in h]
+    peak = max((h.get("gpu_mem_gib", 0.0) for h in history), default=0.0)
+    val, test = result["final"]["loss"] / LN2, result["test"]["loss"] / LN2
+    record.update(parameters=sum(p.numel() for p in result["model"].parameters()),
+                  val_bits=round(val, 5) if math.isfinite(val) else math.inf,
+                  test_bits=round(test, 5) if math.isfinite(test) else math.inf,
+                  step_ms=round(args.tokens_per_step / statistics.median(rates) * 1e3, 2) if rates else None,
+                  peak_gib=round(peak, 3) or None, val_curve=[[s, round(b, 5)] for s, b in evals],
+                  seconds=round(time.perf_counter() - start, 1))
+    return record
+
+
+def _stamp(record: dict, metadata: dict) -> dict:
+    """The record with where and when it ran (a results file gathers runs of several calls)."""
+    return {**record, **{k: metadata[k] for k in ("device", "date", "git_commit")}}
+
+
+def best_lrs(runs: dict, args) -> dict[str, float | None]:
+    """Each mixer's sweep rate with the lowest validation loss (None until its sweep is complete)."""
+    chosen = {}
+    for mixer in args.mixer_names:
+        sweep = [runs.get(run_key(mixer, args.sweep_context, lr, args.seed_list[0])) for lr in args.lr_list]
+        chosen[mixer] = None if None in sweep else min(sweep, key=lambda r: r["val_bits"])["lr"]
+    return chosen
+
+
+def plan(runs: dict, args) -> list[tuple[str, int, float, int]]:
+    """The runs still to do, sweep first: a ladder run waits for its mixer's sweep."""
+    todo = [(m, args.sweep_context, lr, args.seed_list[0]) for m in args.mixer_names for lr in args.lr_list]
+    chosen = best_lrs(runs, args)
+    for m in args.mixer_names:
+        if chosen[m] is not None:
+            todo += [(m, c, chosen[m], s) for s in args.seed_list for c in args.context_list]
+    seen, out = set(), []
+    for t in todo:
+        if run_key(*t) not in runs and run_key(*t) not in seen:
+            seen.add(run_key(*t))
+            out.append(t)
+    return out
+
+
+def summary(runs: dict, args) -> list[dict]:
+    """Per mixer and context, at the chosen rate: test bits (mean and each seed), step time, peak."""
+    rows = []
+    for mixer, lr in best_lrs(runs, args).items():
+        if lr is None:
+            continue
+        for c in args.context_list:
+            done = [runs[k] for s in args.seed_list if (k := run_key(mixer, c, lr, s)) in runs]
+            if not done:
+                continue
+            bits = [r["test_bits"] for r in done]
+            rows.append({"mixer": mixer, "context": c, "lr": lr, "seeds": [r["seed"] for r in done],
+                         "test_bits": bits, "test_bits_mean": round(sum(bits) / len(bits), 5),
+                         "step_ms": done[0].get("step_ms"), "peak_gib": done[0].get("peak_gib"),
+                         "parameters": done[0].get("parameters")})
+    return rows
+
+
+def plot(report: dict, path: Path, args) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    rows = report["summary"]
+    for mixer in args.mixer_names:
+        mine = [r for r in rows if r["mixer"] == mixer]
+        if mine:
+            ctx = [r["context"] for r in mine]
+            axes[0].plot(ctx, [r["test_bits_mean"] for r in mine], "o-", label=f"{mixer} (lr {mine[0]['lr']:g})")
+            for r in mine:
+                axes[0].scatter([r["context"]] * len(r["test_bits"]), r["test_bits"], s=10, color="gray", zorder=3)
+            timed = [r for r in mine if r["step_ms"]]
+            axes[1].plot([r["context"] for r in timed], [r["step_ms"] for r in timed], "o-", label=mixer)
+        sweep = [r for r in report["runs"].values() if r["mixer"] == mixer and r["context"] == args.sweep_context
+                 and r["seed"] == args.seed_list[0] and r["lr"] in args.lr_list]
+        if sweep:
+            sweep.sort(key=lambda r: r["lr"])
+            axes[2].plot([r["lr"] for r in sweep], [min(r["val_bits"], 2.5) for r in sweep], "o-", label=mixer)
+    axes[0].axhline(2.0, color="gray", ls=":", lw=1, label="chance (2 bits)")
+    axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="test bits per base",
+                title="held-out chromosomes, per-base cross-entropy")
+    axes[1].set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per step",
+                title=f"training step ({args.tokens_per_step:,} tokens)")
+    axes[2].set(xscale="log", xlabel="peak learning rate", ylabel="validation bits per base (capped 2.5)",
+                title=f"learning-rate sweep at {args.sweep_context:,}")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    fig.suptitle(f"DNA LMs on {report['shape']['fasta']}: {title_stamp(report['metadata'])}")
+    save_figure(fig, path)
+
+
+def _write(path: Path, report: dict) -> None:
+    """Atomically: a kill mid-write leaves the previous file whole."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    write_json(tmp, report)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    args = parse_args(argv)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    metadata = run_metadata(device, command="genoflash bench genome")
+    path = args.results or results_stem(args.out, metadata, "genome-lm").with_suffix(".json")
+    report = {"metadata": metadata, "shape": shape(args), "runs": {}, "summary": []}
+    if path.exists():
+        previous = json.loads(path.read_text())
+        if previous.get("shape") != report["shape"]:
+            raise SystemExit(f"{path} holds runs of another setup ({previous.get('shape')}); this command's is "
+                             f"{report['shape']}: use another --results file")
+        report["runs"] = previous["runs"]
+        report["metadata"]["earlier"] = previous["metadata"].get("earlier", []) + [
+            {k: previous["metadata"][k] for k in ("device", "date", "git_commit") if k in previous["metadata"]}]
+    runs = report["runs"]
+    runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="genoflash-genome-"))
+    began, slowest = time.perf_counter(), 0.0
+    while todo := plan(runs, args):
+        mixer, context, lr, seed = todo[0]
+        if args.time_budget and time.perf_counter() - began + slowest > args.time_budget:
+            print(f"time budget: {len(todo)} runs left for a later call of the same command")
+            break
+        print(f"[{len(runs) + 1}] {mixer} context {context:,} lr {lr:g} seed {seed} ...", flush=True)
+        record = _stamp(one_run(args, mixer, context, lr, seed, runs_dir), metadata)
+        slowest = max(slowest, record["seconds"])
+        runs[run_key(mixer, context, lr, seed)] = record
+        print(f"    val {record['val_bits']:.4f} test {record['test_bits']:.4f} bits/base, "
+              f"{record.get('step_ms')} ms/step, peak {record.get('peak_gib')} GiB, {record['seconds']} s", flush=True)
+        report["summary"] = summary(runs, args)
+        report["chosen_lr"] = best_lrs(runs, args)
+        _write(path, report)
+    report["summary"] = summary(runs, args)
+    report["chosen_lr"] = best_lrs(runs, args)
+    _write(path, report)
+    if not args.no_plot and report["summary"]:
+        plot(report, path.with_suffix(".png"), args)
+    print(f"results: {path}")
+    return 0

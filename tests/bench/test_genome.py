@@ -1,0 +1,98 @@
+"""`genoflash bench genome`: the sweep picks each mixer's rate, the ladder runs at it, and the results
+file carries a job cut into pieces through to the end."""
+
+import json
+import math
+
+import pytest
+
+from genoflash.bench import genome
+from genoflash.cli import main as cli_main
+
+FLAGS = ["--val-chroms", "v", "--test-chroms", "t", "--mixers", "attention,hyena", "--contexts", "64,128",
+         "--lrs", "1e-3,2e-3,4e-3", "--seeds", "0,1", "--tokens-per-step", "256", "--no-plot"]
+BEST = {"attention": 2e-3, "hyena": 4e-3}
+
+
+def fake_run(calls):
+    def one_run(args, mixer, context, lr, seed, runs_dir):
+        calls.append((mixer, context, lr, seed))
+        # Each mixer's validation loss is lowest at its BEST rate; longer context helps a little.
+        val = 1.9 + abs(math.log(lr / BEST[mixer])) - 0.01 * math.log2(context) + 0.001 * seed
+        return {"mixer": mixer, "context": context, "lr": lr, "seed": seed, "val_bits": val, "test_bits": val + 0.01,
+                "step_ms": 1.0, "peak_gib": None, "parameters": 10, "seconds": 1000.0}
+    return one_run
+
+
+def test_sweep_then_ladder_at_each_mixers_best_rate_resumed_from_the_results_file(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(genome, "one_run", fake_run(calls))
+    results = tmp_path / "r.json"
+    argv = ["bench", "genome", "--fasta", str(tmp_path / "g.fa"), *FLAGS, "--results", str(results)]
+    # A budget shorter than one run: the first run, written, then a stop.
+    assert cli_main([*argv, "--time-budget", "500"]) == 0
+    assert calls == [("attention", 64, 1e-3, 0)]
+    assert list(json.loads(results.read_text())["runs"]) == ["attention/64/0.001/0"]
+    assert cli_main(argv) == 0  # the same command goes on
+    sweep = [(m, 64, lr, 0) for m in ("attention", "hyena") for lr in (1e-3, 2e-3, 4e-3)]
+    assert calls[:6] == sweep  # every sweep first, the finished one not run again
+    ladder = calls[6:]
+    assert sorted(ladder) == sorted((m, c, BEST[m], s) for m in BEST for c in (64, 128) for s in (0, 1)
+                                    if (c, s) != (64, 0))  # the sweep's own run is reused
+    report = json.loads(results.read_text())
+    assert report["chosen_lr"] == BEST
+    rows = {(r["mixer"], r["context"]): r for r in report["summary"]}
+    assert set(rows) == {(m, c) for m in BEST for c in (64, 128)}
+    assert rows["hyena", 128]["seeds"] == [0, 1] and rows["hyena", 128]["lr"] == 4e-3
+    assert all(r["date"] and r["git_commit"] for r in report["runs"].values())
+    assert len(report["metadata"]["earlier"]) == 1  # the first call's stamp, kept
+    n = len(calls)
+    assert cli_main(argv) == 0 and len(calls) == n  # nothing left to run
+    # Another setup does not mix into this file.
+    with pytest.raises(SystemExit, match="another setup"):
+        cli_main([*argv, "--steps", "7"])
+
+
+def test_bad_flags_name_the_flag(tmp_path):
+    base = ["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t"]
+    with pytest.raises(SystemExit):
+        genome.parse_args([*base, "--mixers", "attention,transformerxl"])
+    with pytest.raises(SystemExit):
+        genome.parse_args([*base, "--contexts", "1000", "--tokens-per-step", "4096"])  # not a multiple
+    with pytest.raises(SystemExit):
+        genome.parse_args([*base, "--mixers", "local-global", "--depth", "6"])
+
+
+def test_one_real_run_per_mixer_at_cpu_size(tmp_path):
+    """Each mixer trains through `genoflash train` and reports its bits and layout (Mamba: twice the
+    blocks, no feed-forward), and the plot is drawn."""
+    import random
+
+    rng = random.Random(0)
+    fasta = tmp_path / "g.fa"
+    fasta.write_text("".join(f">{name}\n{''.join(rng.choice('ACGT') for _ in range(3000))}\n"
+                             for name in ("a", "b", "v", "t")))
+    results = tmp_path / "r.json"
+    assert cli_main(["bench", "genome", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
+                     "--contexts", "32", "--lrs", "1e-3", "--seeds", "0", "--dim", "32", "--depth", "4",
+                     "--nheads", "2", "--window", "8", "--tokens-per-step", "64", "--steps", "2",
+                     "--warmup-steps", "1", "--eval-tokens", "64", "--device", "cpu", "--results", str(results),
+                     "--runs-dir", str(tmp_path / "runs")]) == 0
+    report = json.loads(results.read_text())
+    runs = {r["mixer"]: r for r in report["runs"].values()}
+    assert set(runs) == set(genome.MIXERS)
+    for r in runs.values():
+        # 2 steps from log2(9) = 3.17 bits (the tokenizer's 9 ids) towards random bases' 2
+        assert 1.5 < r["val_bits"] < 3.3 and 1.5 < r["test_bits"] < 3.3
+    assert runs["mamba"]["depth"] == 8 and runs["mamba"]["ffn_mult"] == 0
+    assert runs["local-global"]["layer_pattern"] == "LLLG"
+    assert results.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_mixers_have_about_the_same_parameters_at_the_default_size():
+    from genoflash.train.trainer import build_model
+
+    args = genome.parse_args(["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t"])
+    counts = {m: sum(p.numel() for p in build_model(genome.train_config(args, m, 4096, 1e-3, 0, "unused"))
+                     .parameters()) for m in genome.MIXERS}
+    assert max(counts.values()) < 1.1 * min(counts.values()), counts
