@@ -1,22 +1,26 @@
-"""`genoflash bench genome`: attention, local + global attention, Hyena and Mamba as DNA language
-models on one genome, held out by chromosome: test bits per base against context length, with each
-mixer's learning rate swept, several seeds, and the step time and peak memory of every run.
+"""`genoflash bench genome`: attention, local + global attention, Hyena and Mamba on one genome, held
+out by chromosome, as DNA language models (test bits per base against context length) or as per-base
+annotators (`--task annotation`: per-class F1 and AUPRC against context), with each mixer's learning
+rate swept, several seeds, and the step time and peak memory of every run.
 
 Every model has about the same parameter count and sees the same tokens:
     attention      global attention in every block (G), SwiGLU feed-forward
     local-global   three sliding-window blocks per global one (LLLG), SwiGLU feed-forward
+    local          sliding-window blocks only (L): the baseline that sees only local sequence
     hyena          the Hyena operator in every block (H), SwiGLU feed-forward
     mamba          Mamba blocks alone, twice as many (M, no feed-forward: the published Mamba LM's
                    layout, whose mixer holds about the parameters of attention + feed-forward)
-Each run is `genoflash train --task lm` with the same flags but the mixer's, its learning rate, its
-context and its seed; a step reads --tokens-per-step tokens (tokens-per-step / context sequences).
+Each run is `genoflash train --task lm` (or `annotation`, a bidirectional model labelling each base
+from --bed) with the same flags but the mixer's, its learning rate, its context and its seed; a step
+reads --tokens-per-step tokens (tokens-per-step / context sequences).
 
 Two stages, in one command:
     sweep   each mixer at every --lrs value, at --sweep-context, seed the first of --seeds;
     ladder  each mixer at the rate whose held-out (validation) loss was lowest, at every --contexts
             value and every seed (the sweep's run is reused where it matches).
 The test loss is the mean per-base cross-entropy over held-out windows of the run's context from the
---test-chroms chromosomes (about --eval-tokens bases at every context), in bits (chance: 2).
+--test-chroms chromosomes (about --eval-tokens bases at every context), in bits (an LM at chance: 2);
+the annotation task adds the test bases' macro F1 and each class's F1 and AUPRC.
 
 The results file is also the command's state: each run is written to it as soon as it ends, and a
 run already in it is not run again. So a job cut into pieces (--time-budget stops before a run that
@@ -24,6 +28,8 @@ would not fit) goes on where it stopped when the same command runs again.
 
     genoflash bench genome --fasta sacCer_S288C.fa --val-chroms chrXV --test-chroms chrXVI \\
         --contexts 1024,4096,16384,65536,262144 --lrs 1e-3,2e-3,4e-3 --seeds 0,1 --results genome-lm.json
+    genoflash bench genome --task annotation --bed sacCer_S288C.annotations.bed --bed-type-column 7 \\
+        --label-types CDS,tRNA,rRNA,ncRNA,gene --mixers local,attention,hyena,mamba ...
 
 Results: the JSON (with device, date, commit and versions) and, beside it, a plot of test bits per
 base against context, of step time against context, and of the sweep.
@@ -43,11 +49,10 @@ from pathlib import Path
 from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
 
 # name -> (layer_pattern, depth multiplier, SwiGLU width as a multiple of dim; 0: none)
-MIXERS = {"attention": ("G", 1, 8 / 3), "local-global": ("LLLG", 1, 8 / 3), "hyena": ("H", 1, 8 / 3),
-          "mamba": ("M", 2, 0.0)}
+MIXERS = {"attention": ("G", 1, 8 / 3), "local-global": ("LLLG", 1, 8 / 3), "local": ("L", 1, 8 / 3),
+          "hyena": ("H", 1, 8 / 3), "mamba": ("M", 2, 0.0)}
+DEFAULT_MIXERS = ("attention", "local-global", "hyena", "mamba")
 # What must match for a results file's runs to be comparable with this command's.
-SHAPE_KEYS = ("fasta", "val_chroms", "test_chroms", "dim", "depth", "nheads", "window", "tokens_per_step", "steps",
-              "warmup_steps", "eval_tokens", "weight_decay")
 LN2 = math.log(2)
 
 
@@ -62,10 +67,16 @@ def _floats(text: str) -> list[float]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="genoflash bench genome", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=("lm", "annotation"), default="lm", help="lm: a causal DNA LM; annotation: "
+                   "a class per base from --bed")
     p.add_argument("--fasta", required=True, help="the genome (FASTA; an index is built beside it if missing)")
+    p.add_argument("--bed", help="annotation: the BED of features (genoflash train --bed)")
+    p.add_argument("--label-types", help="annotation: feature types, highest priority first (genoflash train "
+                   "--label-types)")
+    p.add_argument("--bed-type-column", type=int, default=4, help="annotation: the BED column of the type")
     p.add_argument("--val-chroms", required=True, help="comma-separated chromosomes for the validation loss")
     p.add_argument("--test-chroms", required=True, help="comma-separated chromosomes for the test loss")
-    p.add_argument("--mixers", default=",".join(MIXERS), help=f"comma-separated, of {', '.join(MIXERS)}")
+    p.add_argument("--mixers", default=",".join(DEFAULT_MIXERS), help=f"comma-separated, of {', '.join(MIXERS)}")
     p.add_argument("--contexts", default="1024,4096,16384", help="the ladder's context lengths (tokens)")
     p.add_argument("--sweep-context", type=int, default=None, help="the sweep's context (default: the "
                    "shortest of --contexts)")
@@ -107,11 +118,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"--tokens-per-step ({args.tokens_per_step}) must be a multiple of every context, got {c}")
     if "local-global" in args.mixer_names and args.depth % 4:
         p.error(f"--depth must be a multiple of 4 for local-global (LLLG), got {args.depth}")
+    if args.task == "annotation" and not (args.bed and args.label_types):
+        p.error("--task annotation needs --bed and --label-types")
     return args
 
 
 def shape(args) -> dict:
-    return {"fasta": os.path.basename(args.fasta), "val_chroms": args.val_chroms, "test_chroms": args.test_chroms,
+    """What must match for a results file's runs to be comparable with this command's."""
+    labels = ({"bed": os.path.basename(args.bed), "label_types": args.label_types,
+               "bed_type_column": args.bed_type_column} if args.task == "annotation" else {})
+    return {"task": args.task, **labels,
+            "fasta": os.path.basename(args.fasta), "val_chroms": args.val_chroms, "test_chroms": args.test_chroms,
             "dim": args.dim, "depth": args.depth, "nheads": args.nheads, "window": args.window,
             "tokens_per_step": args.tokens_per_step, "steps": args.steps, "warmup_steps": args.warmup_steps,
             "eval_tokens": args.eval_tokens, "weight_decay": args.weight_decay}
@@ -125,7 +142,10 @@ def train_config(args, mixer: str, context: int, lr: float, seed: int, out_dir: 
     from ..train.config import TrainConfig
 
     pattern, depth_mult, ffn_mult = MIXERS[mixer]
-    return TrainConfig(task="lm", fasta=args.fasta, val_chroms=args.val_chroms, test_chroms=args.test_chroms,
+    labels = (dict(bed=args.bed, label_types=args.label_types, bed_type_column=args.bed_type_column)
+              if args.task == "annotation" else {})
+    return TrainConfig(task=args.task, **labels, fasta=args.fasta, val_chroms=args.val_chroms,
+                       test_chroms=args.test_chroms,
                        dim=args.dim, depth=args.depth * depth_mult, nheads=args.nheads, ffn_mult=ffn_mult,
                        layer_pattern=pattern, window_size=args.window, seq_len=context,
                        batch_size=args.tokens_per_step // context, steps=args.steps, lr=lr, min_lr=lr / 10,
@@ -166,6 +186,12 @@ def one_run(args, mixer: str, context: int, lr: float, seed: int, runs_dir: Path
                   step_ms=round(args.tokens_per_step / statistics.median(rates) * 1e3, 2) if rates else None,
                   peak_gib=round(peak, 3) or None, val_curve=[[s, round(b, 5)] for s, b in evals],
                   seconds=round(time.perf_counter() - start, 1))
+    if args.task == "annotation":
+        test_metrics = result["test"]
+        record.update(test_macro_f1=round(test_metrics["macro_f1"], 5),
+                      test_f1={k: round(v, 5) for k, v in test_metrics["f1"].items()},
+                      test_auprc={k: round(v, 5) for k, v in test_metrics["auprc"].items()},
+                      test_bases=test_metrics["bases"])
     return record
 
 
@@ -209,10 +235,18 @@ def summary(runs: dict, args) -> list[dict]:
             if not done:
                 continue
             bits = [r["test_bits"] for r in done]
-            rows.append({"mixer": mixer, "context": c, "lr": lr, "seeds": [r["seed"] for r in done],
-                         "test_bits": bits, "test_bits_mean": round(sum(bits) / len(bits), 5),
-                         "step_ms": done[0].get("step_ms"), "peak_gib": done[0].get("peak_gib"),
-                         "parameters": done[0].get("parameters")})
+            row = {"mixer": mixer, "context": c, "lr": lr, "seeds": [r["seed"] for r in done],
+                   "test_bits": bits, "test_bits_mean": round(sum(bits) / len(bits), 5),
+                   "step_ms": done[0].get("step_ms"), "peak_gib": done[0].get("peak_gib"),
+                   "parameters": done[0].get("parameters")}
+            if args.task == "annotation" and all("test_macro_f1" in r for r in done):
+                f1 = [r["test_macro_f1"] for r in done]
+                row.update(test_macro_f1=f1, test_macro_f1_mean=round(sum(f1) / len(f1), 5),
+                           test_f1_mean={k: round(sum(r["test_f1"][k] for r in done) / len(done), 5)
+                                         for k in done[0]["test_f1"]},
+                           test_auprc_mean={k: round(sum(r["test_auprc"][k] for r in done) / len(done), 5)
+                                            for k in done[0]["test_auprc"]})
+            rows.append(row)
     return rows
 
 
@@ -220,13 +254,14 @@ def plot(report: dict, path: Path, args) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     rows = report["summary"]
+    metric = "test_macro_f1" if args.task == "annotation" else "test_bits"  # per seed; + "_mean"
     for mixer in args.mixer_names:
-        mine = [r for r in rows if r["mixer"] == mixer]
+        mine = [r for r in rows if r["mixer"] == mixer and metric in r]
         if mine:
             ctx = [r["context"] for r in mine]
-            axes[0].plot(ctx, [r["test_bits_mean"] for r in mine], "o-", label=f"{mixer} (lr {mine[0]['lr']:g})")
+            axes[0].plot(ctx, [r[metric + "_mean"] for r in mine], "o-", label=f"{mixer} (lr {mine[0]['lr']:g})")
             for r in mine:
-                axes[0].scatter([r["context"]] * len(r["test_bits"]), r["test_bits"], s=10, color="gray", zorder=3)
+                axes[0].scatter([r["context"]] * len(r[metric]), r[metric], s=10, color="gray", zorder=3)
             timed = [r for r in mine if r["step_ms"]]
             axes[1].plot([r["context"] for r in timed], [r["step_ms"] for r in timed], "o-", label=mixer)
         sweep = [r for r in report["runs"].values() if r["mixer"] == mixer and r["context"] == args.sweep_context
@@ -234,18 +269,23 @@ def plot(report: dict, path: Path, args) -> None:
         if sweep:
             sweep.sort(key=lambda r: r["lr"])
             axes[2].plot([r["lr"] for r in sweep], [min(r["val_bits"], 2.5) for r in sweep], "o-", label=mixer)
-    axes[0].axhline(2.0, color="gray", ls=":", lw=1, label="chance (2 bits)")
-    axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="test bits per base",
-                title="held-out chromosomes, per-base cross-entropy")
+    if args.task == "annotation":
+        axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="test macro F1 (per-base classes)",
+                    title="held-out chromosomes, annotation")
+    else:
+        axes[0].axhline(2.0, color="gray", ls=":", lw=1, label="chance (2 bits)")
+        axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="test bits per base",
+                    title="held-out chromosomes, per-base cross-entropy")
     axes[1].set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per step",
                 title=f"training step ({args.tokens_per_step:,} tokens)")
-    axes[2].set(xscale="log", xlabel="peak learning rate", ylabel="validation bits per base (capped 2.5)",
+    axes[2].set(xscale="log", xlabel="peak learning rate", ylabel="validation cross-entropy, bits (capped 2.5)",
                 title=f"learning-rate sweep at {args.sweep_context:,}")
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8)
-    fig.suptitle(f"DNA LMs on {report['shape']['fasta']}: {title_stamp(report['metadata'])}")
+    what = "per-base annotation" if args.task == "annotation" else "DNA LMs"
+    fig.suptitle(f"{what} on {report['shape']['fasta']}: {title_stamp(report['metadata'])}")
     save_figure(fig, path)
 
 
@@ -263,7 +303,7 @@ def main(argv: list[str]) -> int:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     metadata = run_metadata(device, command="genoflash bench genome")
-    path = args.results or results_stem(args.out, metadata, "genome-lm").with_suffix(".json")
+    path = args.results or results_stem(args.out, metadata, f"genome-{args.task}").with_suffix(".json")
     report = {"metadata": metadata, "shape": shape(args), "runs": {}, "summary": []}
     if path.exists():
         previous = json.loads(path.read_text())
@@ -285,7 +325,8 @@ def main(argv: list[str]) -> int:
         record = _stamp(one_run(args, mixer, context, lr, seed, runs_dir), metadata)
         slowest = max(slowest, record["seconds"])
         runs[run_key(mixer, context, lr, seed)] = record
-        print(f"    val {record['val_bits']:.4f} test {record['test_bits']:.4f} bits/base, "
+        f1 = f", test macro F1 {record['test_macro_f1']:.4f}" if "test_macro_f1" in record else ""
+        print(f"    val {record['val_bits']:.4f} test {record['test_bits']:.4f} bits/base{f1}, "
               f"{record.get('step_ms')} ms/step, peak {record.get('peak_gib')} GiB, {record['seconds']} s", flush=True)
         report["summary"] = summary(runs, args)
         report["chosen_lr"] = best_lrs(runs, args)

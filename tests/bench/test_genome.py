@@ -80,7 +80,7 @@ def test_one_real_run_per_mixer_at_cpu_size(tmp_path):
                      "--runs-dir", str(tmp_path / "runs")]) == 0
     report = json.loads(results.read_text())
     runs = {r["mixer"]: r for r in report["runs"].values()}
-    assert set(runs) == set(genome.MIXERS)
+    assert set(runs) == set(genome.DEFAULT_MIXERS)
     for r in runs.values():
         # 2 steps from log2(9) = 3.17 bits (the tokenizer's 9 ids) towards random bases' 2
         assert 1.5 < r["val_bits"] < 3.3 and 1.5 < r["test_bits"] < 3.3
@@ -96,3 +96,29 @@ def test_the_mixers_have_about_the_same_parameters_at_the_default_size():
     counts = {m: sum(p.numel() for p in build_model(genome.train_config(args, m, 4096, 1e-3, 0, "unused"))
                      .parameters()) for m in genome.MIXERS}
     assert max(counts.values()) < 1.1 * min(counts.values()), counts
+
+
+def test_the_annotation_task_reports_f1_per_class_beside_a_local_baseline(tmp_path):
+    import random
+
+    rng = random.Random(1)
+    fasta, bed = tmp_path / "g.fa", tmp_path / "f.bed"
+    fasta.write_text("".join(f">{name}\n{''.join(rng.choice('ACGT') for _ in range(2000))}\n"
+                             for name in ("a", "v", "t")))
+    bed.write_text("".join(f"{c}\t{s}\t{s + 300}\tf\t0\t+\tCDS\n" for c in ("a", "v", "t") for s in (100, 900)))
+    results = tmp_path / "r.json"
+    assert cli_main(["bench", "genome", "--task", "annotation", "--bed", str(bed), "--bed-type-column", "7",
+                     "--label-types", "CDS", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
+                     "--mixers", "local,attention", "--contexts", "32", "--lrs", "1e-3", "--seeds", "0",
+                     "--dim", "32", "--depth", "2", "--nheads", "2", "--window", "8", "--tokens-per-step", "64",
+                     "--steps", "2", "--warmup-steps", "1", "--eval-tokens", "640", "--device", "cpu",
+                     "--results", str(results), "--runs-dir", str(tmp_path / "runs")]) == 0
+    report = json.loads(results.read_text())
+    assert report["shape"]["task"] == "annotation" and report["shape"]["label_types"] == "CDS"
+    for r in report["runs"].values():
+        assert set(r["test_f1"]) == {"none", "CDS", "other"} and 0 <= r["test_macro_f1"] <= 1
+        assert r["test_bases"]["CDS"] > 0
+    assert {r["mixer"] for r in report["summary"]} == {"local", "attention"}
+    assert all("test_macro_f1_mean" in r for r in report["summary"])
+    with pytest.raises(SystemExit):
+        genome.parse_args(["--task", "annotation", "--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t"])
