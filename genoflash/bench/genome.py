@@ -12,7 +12,9 @@ Every model has about the same parameter count and sees the same tokens:
                    layout, whose mixer holds about the parameters of attention + feed-forward)
 Each run is `genoflash train --task lm` (or `annotation`, a bidirectional model labelling each base
 from --bed) with the same flags but the mixer's, its learning rate, its context and its seed; a step
-reads --tokens-per-step tokens (tokens-per-step / context sequences).
+reads --tokens-per-step tokens (tokens-per-step / context sequences). The context `whole` trains on
+whole chromosomes, one per step (`genoflash train --whole-chroms`), for as many steps as read about
+the same tokens, and evaluates each held-out chromosome whole.
 
 Two stages, in one command:
     sweep   each mixer at every --lrs value, at --sweep-context, seed the first of --seeds;
@@ -54,6 +56,7 @@ MIXERS = {"attention": ("G", 1, 8 / 3), "local-global": ("LLLG", 1, 8 / 3), "loc
 DEFAULT_MIXERS = ("attention", "local-global", "hyena", "mamba")
 # What must match for a results file's runs to be comparable with this command's.
 LN2 = math.log(2)
+WHOLE = "whole"  # the context of whole chromosomes
 
 
 def _ints(text: str) -> list[int]:
@@ -77,7 +80,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--val-chroms", required=True, help="comma-separated chromosomes for the validation loss")
     p.add_argument("--test-chroms", required=True, help="comma-separated chromosomes for the test loss")
     p.add_argument("--mixers", default=",".join(DEFAULT_MIXERS), help=f"comma-separated, of {', '.join(MIXERS)}")
-    p.add_argument("--contexts", default="1024,4096,16384", help="the ladder's context lengths (tokens)")
+    p.add_argument("--contexts", default="1024,4096,16384", help="the ladder's context lengths (tokens); "
+                   "`whole`: whole chromosomes")
     p.add_argument("--sweep-context", type=int, default=None, help="the sweep's context (default: the "
                    "shortest of --contexts)")
     p.add_argument("--lrs", default="1e-3,2e-3,4e-3", help="the learning rates of the sweep (at least 3 to "
@@ -109,11 +113,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in args.mixer_names:
         if name not in MIXERS:
             p.error(f"--mixers: unknown mixer {name!r}; choose from {', '.join(MIXERS)}")
-    args.context_list, args.lr_list, args.seed_list = _ints(args.contexts), _floats(args.lrs), _ints(args.seeds)
+    contexts = [c.strip() for c in args.contexts.split(",") if c.strip()]
+    whole = [WHOLE] if WHOLE in contexts else []
+    args.context_list = _ints(",".join(c for c in contexts if c != WHOLE)) + whole
+    args.lr_list, args.seed_list = _floats(args.lrs), _ints(args.seeds)
     if not args.context_list or not args.lr_list or not args.seed_list:
         p.error("--contexts, --lrs and --seeds each need at least one value")
-    args.sweep_context = args.sweep_context or min(args.context_list)
-    for c in [*args.context_list, args.sweep_context]:
+    numeric = [c for c in args.context_list if c != WHOLE]
+    if args.sweep_context is None and not numeric:
+        p.error("--sweep-context: give one (a number of tokens) when --contexts has only `whole`")
+    args.sweep_context = args.sweep_context or min(numeric)
+    for c in [*numeric, args.sweep_context]:
         if c < 2 or args.tokens_per_step % c:
             p.error(f"--tokens-per-step ({args.tokens_per_step}) must be a multiple of every context, got {c}")
     if "local-global" in args.mixer_names and args.depth % 4:
@@ -138,22 +148,46 @@ def run_key(mixer: str, context: int, lr: float, seed: int) -> str:
     return f"{mixer}/{context}/{lr:g}/{seed}"
 
 
-def train_config(args, mixer: str, context: int, lr: float, seed: int, out_dir: Path):
+def chromosome_lengths(args) -> dict[str, int]:
+    """The FASTA's chromosomes' lengths (read once)."""
+    if not hasattr(args, "_lengths"):
+        from ..data.fasta import FastaFile
+        fasta = FastaFile(args.fasta)
+        args._lengths = {c: fasta.contig_length(c) for c in fasta.contigs}
+    return args._lengths
+
+
+def whole_shape(args) -> tuple[int, int, int]:
+    """(longest chromosome, mean training chromosome, steps) of the whole-chromosome context: the
+    steps read about steps x tokens-per-step tokens, one chromosome each."""
+    lengths = chromosome_lengths(args)
+    held = {c.strip() for c in f"{args.val_chroms},{args.test_chroms}".split(",") if c.strip()}
+    train = [n for c, n in lengths.items() if c not in held]
+    mean = sum(train) // max(len(train), 1)
+    return max(lengths.values()), mean, max(1, round(args.steps * args.tokens_per_step / max(mean, 1)))
+
+
+def train_config(args, mixer: str, context, lr: float, seed: int, out_dir: Path):
     from ..train.config import TrainConfig
 
     pattern, depth_mult, ffn_mult = MIXERS[mixer]
+    if context == WHOLE:
+        longest, _, steps = whole_shape(args)
+        geometry = dict(whole_chroms=True, seq_len=longest, batch_size=1, steps=steps, eval_samples=1)
+    else:
+        geometry = dict(seq_len=context, batch_size=args.tokens_per_step // context, steps=args.steps,
+                        eval_samples=max(args.eval_tokens // context, 1))
+    steps, length = geometry["steps"], geometry["seq_len"]
     labels = (dict(bed=args.bed, label_types=args.label_types, bed_type_column=args.bed_type_column)
               if args.task == "annotation" else {})
     return TrainConfig(task=args.task, **labels, fasta=args.fasta, val_chroms=args.val_chroms,
                        test_chroms=args.test_chroms,
                        dim=args.dim, depth=args.depth * depth_mult, nheads=args.nheads, ffn_mult=ffn_mult,
-                       layer_pattern=pattern, window_size=args.window, seq_len=context,
-                       batch_size=args.tokens_per_step // context, steps=args.steps, lr=lr, min_lr=lr / 10,
-                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-                       eval_every=max(args.steps // 6, 1), eval_samples=max(args.eval_tokens // context, 1),
-                       log_every=max(args.steps // 30, 1), checkpoint_every=args.steps, keep_checkpoints=1,
-                       gradient_checkpointing=bool(args.gradient_checkpointing_from)
-                       and context >= args.gradient_checkpointing_from,
+                       layer_pattern=pattern, window_size=args.window, **geometry, lr=lr, min_lr=lr / 10,
+                       warmup_steps=min(args.warmup_steps, steps // 2), weight_decay=args.weight_decay,
+                       eval_every=max(steps // 6, 1), log_every=max(steps // 30, 1), checkpoint_every=steps,
+                       keep_checkpoints=1, gradient_checkpointing=bool(args.gradient_checkpointing_from)
+                       and length >= args.gradient_checkpointing_from,
                        out_dir=str(out_dir), seed=seed, device=args.device, progress=False)
 
 
@@ -165,8 +199,12 @@ def one_run(args, mixer: str, context: int, lr: float, seed: int, runs_dir: Path
 
     cfg = train_config(args, mixer, context, lr, seed, runs_dir / run_key(mixer, context, lr, seed).replace("/", "_"))
     record = {"mixer": mixer, "layer_pattern": cfg.layer_pattern, "depth": cfg.depth, "ffn_mult": cfg.ffn_mult,
-              "context": context, "lr": lr, "seed": seed, "batch_size": cfg.batch_size,
+              "context": context, "lr": lr, "seed": seed, "batch_size": cfg.batch_size, "steps": cfg.steps,
               "gradient_checkpointing": cfg.gradient_checkpointing}
+    # Tokens per step: whole chromosomes differ, so the training chromosomes' mean.
+    step_tokens = whole_shape(args)[1] if context == WHOLE else args.tokens_per_step
+    if context == WHOLE:
+        record["mean_length"] = step_tokens
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -183,7 +221,7 @@ def one_run(args, mixer: str, context: int, lr: float, seed: int, runs_dir: Path
     record.update(parameters=sum(p.numel() for p in result["model"].parameters()),
                   val_bits=round(val, 5) if math.isfinite(val) else math.inf,
                   test_bits=round(test, 5) if math.isfinite(test) else math.inf,
-                  step_ms=round(args.tokens_per_step / statistics.median(rates) * 1e3, 2) if rates else None,
+                  step_ms=round(step_tokens / statistics.median(rates) * 1e3, 2) if rates else None,
                   peak_gib=round(peak, 3) or None, val_curve=[[s, round(b, 5)] for s, b in evals],
                   seconds=round(time.perf_counter() - start, 1))
     if args.task == "annotation":
@@ -239,6 +277,8 @@ def summary(runs: dict, args) -> list[dict]:
                    "test_bits": bits, "test_bits_mean": round(sum(bits) / len(bits), 5),
                    "step_ms": done[0].get("step_ms"), "peak_gib": done[0].get("peak_gib"),
                    "parameters": done[0].get("parameters")}
+            if c == WHOLE:
+                row["mean_length"] = done[0]["mean_length"]
             if args.task == "annotation" and all("test_macro_f1" in r for r in done):
                 f1 = [r["test_macro_f1"] for r in done]
                 row.update(test_macro_f1=f1, test_macro_f1_mean=round(sum(f1) / len(f1), 5),
@@ -254,16 +294,20 @@ def plot(report: dict, path: Path, args) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     rows = report["summary"]
+
+    def x(row) -> int:  # whole chromosomes sit at the training chromosomes' mean length
+        return row["mean_length"] if row["context"] == WHOLE else row["context"]
+
     metric = "test_macro_f1" if args.task == "annotation" else "test_bits"  # per seed; + "_mean"
     for mixer in args.mixer_names:
         mine = [r for r in rows if r["mixer"] == mixer and metric in r]
         if mine:
-            ctx = [r["context"] for r in mine]
-            axes[0].plot(ctx, [r[metric + "_mean"] for r in mine], "o-", label=f"{mixer} (lr {mine[0]['lr']:g})")
+            axes[0].plot([x(r) for r in mine], [r[metric + "_mean"] for r in mine], "o-",
+                         label=f"{mixer} (lr {mine[0]['lr']:g})")
             for r in mine:
-                axes[0].scatter([r["context"]] * len(r[metric]), r[metric], s=10, color="gray", zorder=3)
+                axes[0].scatter([x(r)] * len(r[metric]), r[metric], s=10, color="gray", zorder=3)
             timed = [r for r in mine if r["step_ms"]]
-            axes[1].plot([r["context"] for r in timed], [r["step_ms"] for r in timed], "o-", label=mixer)
+            axes[1].plot([x(r) for r in timed], [r["step_ms"] for r in timed], "o-", label=mixer)
         sweep = [r for r in report["runs"].values() if r["mixer"] == mixer and r["context"] == args.sweep_context
                  and r["seed"] == args.seed_list[0] and r["lr"] in args.lr_list]
         if sweep:
@@ -321,7 +365,8 @@ def main(argv: list[str]) -> int:
         if args.time_budget and time.perf_counter() - began + slowest > args.time_budget:
             print(f"time budget: {len(todo)} runs left for a later call of the same command")
             break
-        print(f"[{len(runs) + 1}] {mixer} context {context:,} lr {lr:g} seed {seed} ...", flush=True)
+        print(f"[{len(runs) + 1}] {mixer} context {context if context == WHOLE else f'{context:,}'} lr {lr:g} "
+              f"seed {seed} ...", flush=True)
         record = _stamp(one_run(args, mixer, context, lr, seed, runs_dir), metadata)
         slowest = max(slowest, record["seconds"])
         runs[run_key(mixer, context, lr, seed)] = record

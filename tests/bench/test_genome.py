@@ -89,6 +89,32 @@ def test_one_real_run_per_mixer_at_cpu_size(tmp_path):
     assert results.with_suffix(".png").stat().st_size > 0
 
 
+def test_whole_chromosomes_are_a_context_read_one_per_step(tmp_path):
+    """`whole`: one training chromosome per step, for about the tokens of the other contexts' steps,
+    and each held-out chromosome scored whole."""
+    import random
+
+    rng = random.Random(2)
+    fasta = tmp_path / "g.fa"
+    lengths = {"a": 300, "b": 500, "v": 400, "t": 450}
+    fasta.write_text("".join(f">{c}\n{''.join(rng.choice('ACGT') for _ in range(n))}\n" for c, n in lengths.items()))
+    results = tmp_path / "r.json"
+    assert cli_main(["bench", "genome", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
+                     "--mixers", "hyena", "--contexts", "32,whole", "--lrs", "1e-3", "--seeds", "0", "--dim", "32",
+                     "--depth", "2", "--nheads", "2", "--tokens-per-step", "128", "--steps", "6",
+                     "--warmup-steps", "1", "--eval-tokens", "64", "--device", "cpu", "--results", str(results),
+                     "--runs-dir", str(tmp_path / "runs")]) == 0
+    report = json.loads(results.read_text())
+    whole = report["runs"]["hyena/whole/0.001/0"]
+    assert whole["mean_length"] == 400 and whole["batch_size"] == 1
+    assert whole["steps"] == 2  # 6 steps x 128 tokens / 400 bases per chromosome
+    assert math.isfinite(whole["test_bits"])
+    assert [r["context"] for r in report["summary"]] == [32, "whole"]
+    assert results.with_suffix(".png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        genome.parse_args(["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t", "--contexts", "whole"])
+
+
 def test_the_mixers_have_about_the_same_parameters_at_the_default_size():
     from genoflash.train.trainer import build_model
 
