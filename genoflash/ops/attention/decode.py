@@ -42,7 +42,7 @@ from ...settings import current as current_settings
 from ..common.host import cdiv, next_power_of_2
 from .configs import LaunchConfig
 from .kernel_args import input_precision
-from . import descriptors, launch as launcher, plans
+from . import launch as launcher, plans
 from .launch import launch
 from .mask import _visible
 from .score_mods import _alibi_bias, _softcap
@@ -53,15 +53,13 @@ from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 class DecodeConfig:
     """The split kernel's tile and pipelining, and how finely a call splits its keys: splits are
     added until the grid holds `programs_per_sm` programs per SM, while each split keeps at least
-    `min_keys_per_split` keys, up to `max_splits`. `tma`: a contiguous-slot cache read through TMA
-    descriptors (Hopper), a candidate off until measured (docs/design/decoding.md, "TMA loads")."""
+    `min_keys_per_split` keys, up to `max_splits`."""
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int = 4
     min_keys_per_split: int = 256
     max_splits: int = 128
-    tma: bool = False
 
     @functools.cached_property
     def launch_config(self) -> LaunchConfig:
@@ -98,7 +96,6 @@ def _decode_split_kernel(
     HAS_KEY_MASK: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -142,10 +139,9 @@ def _decode_split_kernel(
     n_start = lo + split * chunk
     n_end = tl.minimum(n_start + chunk, hi)
 
-    row32 = b
+    row = b64
     if HAS_ROWS:
-        row32 = tl.load(CacheRows + b)
-    row = row32.to(tl.int64)
+        row = tl.load(CacheRows + b).to(tl.int64)
     slope = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
         slope = tl.load(Alibi + b * stride_alibi + head, mask=row_ok, other=0.0) * inv_scale
@@ -157,18 +153,15 @@ def _decode_split_kernel(
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < n_end
         slot = start + cols
-        if TMA:  # K and V are descriptors of (batch_cache, capacity, nheads_k, dim): one bulk copy a tile
-            k = K.load([row32, start + n0, hk, 0]).reshape(BLOCK_N, BLOCK_D)
+        if PAGED:
+            page = tl.load(BlockTable + b64 * stride_bt + slot // page_size, mask=col_ok, other=0).to(tl.int64)
+            k_rows = page * stride_kb + (slot % page_size).to(tl.int64) * stride_kn
+            v_rows = page * stride_vb + (slot % page_size).to(tl.int64) * stride_vn
         else:
-            if PAGED:
-                page = tl.load(BlockTable + b64 * stride_bt + slot // page_size, mask=col_ok, other=0).to(tl.int64)
-                k_rows = page * stride_kb + (slot % page_size).to(tl.int64) * stride_kn
-                v_rows = page * stride_vb + (slot % page_size).to(tl.int64) * stride_vn
-            else:
-                k_rows = row * stride_kb + slot.to(tl.int64) * stride_kn
-                v_rows = row * stride_vb + slot.to(tl.int64) * stride_vn
-            k = tl.load(K + k_rows[:, None] + hk64 * stride_kh + offs_d[None, :],
-                        mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            k_rows = row * stride_kb + slot.to(tl.int64) * stride_kn
+            v_rows = row * stride_vb + slot.to(tl.int64) * stride_vn
+        k = tl.load(K + k_rows[:, None] + hk64 * stride_kh + offs_d[None, :],
+                    mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -181,14 +174,8 @@ def _decode_split_kernel(
             visible = visible & (keep != 0)[None, :]
         s = tl.where(visible, s, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, True)
-        if TMA:
-            # Slots past the part's end but inside the capacity are read too (the box is whole):
-            # zeroed, since p = 0 there and 0 x (NaN in an unwritten slot) would be NaN.
-            v = V.load([row32, start + n0, hk, 0]).reshape(BLOCK_N, BLOCK_DV)
-            v = tl.where(col_ok[:, None], v, 0.0)
-        else:
-            v = tl.load(V + v_rows[:, None] + hk64 * stride_vh + offs_dv[None, :],
-                        mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        v = tl.load(V + v_rows[:, None] + hk64 * stride_vh + offs_dv[None, :],
+                    mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     out, lse = _finalize_softmax(acc, m_i, l_i)
 
@@ -292,8 +279,7 @@ def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: 
 @functools.lru_cache(maxsize=256)
 def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, has_seqlens: bool, has_leftpad: bool,
                       has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool, has_left: bool, has_right: bool,
-                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, tma: bool,
-                      block_n: int) -> dict:
+                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int) -> dict:
     """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
     counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
     return dict(
@@ -304,7 +290,7 @@ def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, ha
         PAGED=paged, HAS_KEY_MASK=has_mask, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi,
         FAST_TANH=dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
-        STORE_LSE=store_lse, INPUT_PRECISION=input_precision(dtype), TMA=tma,
+        STORE_LSE=store_lse, INPUT_PRECISION=input_precision(dtype),
     )
 
 
@@ -354,12 +340,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     split = num_splits > 1
     paged = block_table is not None
     mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
-    tma, k_view, v_view = False, k_cache, v_cache
-    if cfg.tma and not paged and current_settings().tma:  # (only then: the views cost host time a step counts)
-        # The caches as (batch_cache, capacity, nheads_k, dim) views, for TMA descriptors.
-        if heads_first:
-            k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-        tma = _tma_applies(k_view, v_view)
     optional = (seqlens_k, leftpad, cache_rows, block_table, mask, alibi_slopes)
     # The split kernel's scalars in parameter order: the cache's strides (which grow with a cache in
     # transformers' layout, so a step's key holds them as triton specialises them, not by value:
@@ -373,7 +353,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             softmax_scale / softcap if softcap > 0 else 0.0, softcap / softmax_scale if softcap > 0 else 0.0)
     kind = (headdim, headdim_v, group, block_m, seqlens_k is not None, leftpad is not None, cache_rows is not None,
             paged, mask is not None, alibi_slopes is not None, window_left >= 0, window_right >= 0, softcap > 0,
-            q.dtype, split, return_lse, tma)
+            q.dtype, split, return_lse)
 
     out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if return_lse else None
@@ -415,8 +395,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     def launches():
         launch(_decode_split_kernel, grid, cfg.launch_config,
-               *_split_pointers(q, *(_cache_descriptors(k_view, v_view, cfg.block_n) if tma else (k_cache, v_cache)),
-                                out, lse_out, out_part, lse_part, optional, out),
+               *_split_pointers(q, k_cache, v_cache, out, lse_out, out_part, lse_part, optional, out),
                *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind, cfg.block_n))
         if split:
             launch(_combine_kernel, (n_lse,), COMBINE_CONFIG, out_part, lse_part, out, lse_out,
@@ -451,21 +430,6 @@ _INT32_END = 2**31
 def _round4(n: int) -> int:
     """n float32 elements rounded up to whole 16 bytes."""
     return (n + 3) & ~3
-
-
-def _tma_applies(k_view: torch.Tensor, v_view: torch.Tensor) -> bool:
-    """Whether the caches, as (batch_cache, capacity, nheads_k, dim) views, can be read through TMA
-    descriptors: Hopper or later (or the interpreter), 16-byte aligned bases and strides."""
-    if not triton_interpreted() and (k_view.device.type != "cuda" or not descriptors._has_tma(k_view.device)):
-        return False
-    return descriptors.aligned(k_view) and descriptors.aligned(v_view)
-
-
-def _cache_descriptors(k_view: torch.Tensor, v_view: torch.Tensor, block_n: int) -> tuple:
-    """Descriptors of the caches for (1, block_n, 1, dim) boxes; slots past the capacity and
-    channels past the head dim read as 0."""
-    return (descriptors.tile_descriptor(k_view, block_n, max(16, next_power_of_2(k_view.shape[3]))),
-            descriptors.tile_descriptor(v_view, block_n, max(16, next_power_of_2(v_view.shape[3]))))
 
 
 def _split_pointers(q, k_cache, v_cache, out, lse, out_part, lse_part, optional, dummy) -> tuple:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import genoflash
-from genoflash.ops.attention import decode
 from genoflash.ops.attention.reference import attention_reference
 from genoflash.ops.rotary import rotary_reference, rotary_tables
 
@@ -78,19 +77,16 @@ CASES = {  # batch, seqlen_q, nheads, nheads_k, headdim, seqlens, seqlen_new, le
 @pytest.mark.parametrize("backend,num_splits", [("triton", 0), ("triton", 5), ("torch", 0)],
                          ids=["triton", "triton-5-splits", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ["contiguous", "contiguous-tma", "paged"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_the_float64_reference(backend, num_splits, dtype, layout, case, device):
     """On the triton backend every case decodes (decode.py); 5 splits of at most 129 keys leave
-    parts that end inside a tile and parts with no key at all. contiguous-tma reads the cache
-    through TMA descriptors (DecodeConfig.tma), whose whole boxes also read the slots past a
-    sequence's end: NaN there."""
+    parts that end inside a tile and parts with no key at all. The slots past each sequence's end
+    hold NaN."""
     batch, seqlen_q, nheads, nheads_k, d, seqlens, seqlen_new, leftpad, extra = CASES[case]
     paged = layout == "paged"
     if paged and leftpad is not None:
         pytest.skip("cache_leftpad goes with a contiguous cache")
-    if layout == "contiguous-tma" and backend != "triton":
-        pytest.skip("TMA is the triton kernel's")
     torch.manual_seed(sum(seqlens) + seqlen_q)
     capacity, page = 144, 16  # a paged sequence may fill past the last row of a page
     q = torch.randn(batch, seqlen_q, nheads, d, dtype=dtype, device=device)
@@ -102,7 +98,7 @@ def test_matches_the_float64_reference(backend, num_splits, dtype, layout, case,
         v_new = torch.randn(batch, seqlen_new, nheads_k, d + 8, dtype=dtype, device=device)
     cos = sin = None
     # Slots past each sequence's end (after the append) hold NaN: no kernel may let them reach an
-    # output, though a TMA box or a tile reads them.
+    # output, though a tile reads them.
     ends = [n + seqlen_new for n in seqlens]
     for b, end in enumerate(ends):
         rows_k[b, end:] = rows_v[b, end:] = float("nan")
@@ -129,7 +125,7 @@ def test_matches_the_float64_reference(backend, num_splits, dtype, layout, case,
         idx = torch.randperm(batch + 2, device=device)[:batch]
         k_cache[idx], v_cache[idx] = rows_k, rows_v
         kw["cache_batch_idx"] = idx.to(torch.int32)
-    with genoflash.use_backend(backend), decode.use_config(tma=layout == "contiguous-tma"):
+    with genoflash.use_backend(backend):
         out, lse = genoflash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kw)
     args = (q, rows_k, rows_v, seqlens, leftpad or [0] * batch, k_new, v_new, cos, sin, interleaved, causal, window,
             softcap, alibi)
@@ -322,8 +318,7 @@ def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype, d):
     without splits, with the padding mask and the LSE, read through transposed views or as it is
     (heads_first), answers bit for bit as with every launch through triton's own launcher (whose
     answers the float64 tests above check)."""
-    from genoflash.ops.attention import decode
-
+    
     torch.manual_seed(15)
     batch, nheads, nheads_k, capacity = 2, 8, 2, 1100
     k_all, v_all = (torch.randn(batch, nheads_k, capacity, d, device="cuda", dtype=dtype) for _ in range(2))
