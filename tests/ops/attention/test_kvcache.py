@@ -318,7 +318,8 @@ def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype, d):
     without splits, with the padding mask and the LSE, read through transposed views or as it is
     (heads_first), answers bit for bit as with every launch through triton's own launcher (whose
     answers the float64 tests above check)."""
-    
+    from genoflash.ops.attention import decode
+
     torch.manual_seed(15)
     batch, nheads, nheads_k, capacity = 2, 8, 2, 1100
     k_all, v_all = (torch.randn(batch, nheads_k, capacity, d, device="cuda", dtype=dtype) for _ in range(2))
