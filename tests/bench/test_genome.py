@@ -63,22 +63,32 @@ def test_bad_flags_name_the_flag(tmp_path):
         genome.parse_args([*base, "--mixers", "local-global", "--depth", "6"])
 
 
+def random_genome(path, lengths: dict[str, int], seed: int):
+    """A FASTA of random bases, one record per name."""
+    import random
+
+    rng = random.Random(seed)
+    path.write_text("".join(f">{c}\n{''.join(rng.choice('ACGT') for _ in range(n))}\n" for c, n in lengths.items()))
+    return path
+
+
+def run_at_cpu_size(tmp_path, fasta, *flags) -> dict:
+    """`genoflash bench genome` on the CPU, 2 steps of tiny models by default; its report."""
+    results = tmp_path / "r.json"
+    assert cli_main(["bench", "genome", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
+                     "--lrs", "1e-3", "--seeds", "0", "--dim", "32", "--nheads", "2", "--window", "8",
+                     "--steps", "2", "--warmup-steps", "1", "--device", "cpu", "--results", str(results),
+                     "--runs-dir", str(tmp_path / "runs"), *flags]) == 0
+    assert results.with_suffix(".png").stat().st_size > 0
+    return json.loads(results.read_text())
+
+
 def test_one_real_run_per_mixer_at_cpu_size(tmp_path):
     """Each mixer trains through `genoflash train` and reports its bits and layout (Mamba: twice the
     blocks, no feed-forward), and the plot is drawn."""
-    import random
-
-    rng = random.Random(0)
-    fasta = tmp_path / "g.fa"
-    fasta.write_text("".join(f">{name}\n{''.join(rng.choice('ACGT') for _ in range(3000))}\n"
-                             for name in ("a", "b", "v", "t")))
-    results = tmp_path / "r.json"
-    assert cli_main(["bench", "genome", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
-                     "--contexts", "32", "--lrs", "1e-3", "--seeds", "0", "--dim", "32", "--depth", "4",
-                     "--nheads", "2", "--window", "8", "--tokens-per-step", "64", "--steps", "2",
-                     "--warmup-steps", "1", "--eval-tokens", "64", "--device", "cpu", "--results", str(results),
-                     "--runs-dir", str(tmp_path / "runs")]) == 0
-    report = json.loads(results.read_text())
+    fasta = random_genome(tmp_path / "g.fa", dict.fromkeys(("a", "b", "v", "t"), 3000), seed=0)
+    report = run_at_cpu_size(tmp_path, fasta, "--contexts", "32", "--depth", "4", "--tokens-per-step", "64",
+                             "--eval-tokens", "64")
     runs = {r["mixer"]: r for r in report["runs"].values()}
     assert set(runs) == set(genome.DEFAULT_MIXERS)
     for r in runs.values():
@@ -86,31 +96,19 @@ def test_one_real_run_per_mixer_at_cpu_size(tmp_path):
         assert 1.5 < r["val_bits"] < 3.3 and 1.5 < r["test_bits"] < 3.3
     assert runs["mamba"]["depth"] == 8 and runs["mamba"]["ffn_mult"] == 0
     assert runs["local-global"]["layer_pattern"] == "LLLG"
-    assert results.with_suffix(".png").stat().st_size > 0
 
 
 def test_whole_chromosomes_are_a_context_read_one_per_step(tmp_path):
     """`whole`: one training chromosome per step, for about the tokens of the other contexts' steps,
     and each held-out chromosome scored whole."""
-    import random
-
-    rng = random.Random(2)
-    fasta = tmp_path / "g.fa"
-    lengths = {"a": 300, "b": 500, "v": 400, "t": 450}
-    fasta.write_text("".join(f">{c}\n{''.join(rng.choice('ACGT') for _ in range(n))}\n" for c, n in lengths.items()))
-    results = tmp_path / "r.json"
-    assert cli_main(["bench", "genome", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
-                     "--mixers", "hyena", "--contexts", "32,whole", "--lrs", "1e-3", "--seeds", "0", "--dim", "32",
-                     "--depth", "2", "--nheads", "2", "--tokens-per-step", "128", "--steps", "6",
-                     "--warmup-steps", "1", "--eval-tokens", "64", "--device", "cpu", "--results", str(results),
-                     "--runs-dir", str(tmp_path / "runs")]) == 0
-    report = json.loads(results.read_text())
+    fasta = random_genome(tmp_path / "g.fa", {"a": 300, "b": 500, "v": 400, "t": 450}, seed=2)
+    report = run_at_cpu_size(tmp_path, fasta, "--mixers", "hyena", "--contexts", "32,whole", "--depth", "2",
+                             "--tokens-per-step", "128", "--steps", "6", "--eval-tokens", "64")
     whole = report["runs"]["hyena/whole/0.001/0"]
     assert whole["mean_length"] == 400 and whole["batch_size"] == 1
     assert whole["steps"] == 2  # 6 steps x 128 tokens / 400 bases per chromosome
     assert math.isfinite(whole["test_bits"])
     assert [r["context"] for r in report["summary"]] == [32, "whole"]
-    assert results.with_suffix(".png").stat().st_size > 0
     with pytest.raises(SystemExit):
         genome.parse_args(["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t", "--contexts", "whole"])
 
@@ -125,21 +123,12 @@ def test_the_mixers_have_about_the_same_parameters_at_the_default_size():
 
 
 def test_the_annotation_task_reports_f1_per_class_beside_a_local_baseline(tmp_path):
-    import random
-
-    rng = random.Random(1)
-    fasta, bed = tmp_path / "g.fa", tmp_path / "f.bed"
-    fasta.write_text("".join(f">{name}\n{''.join(rng.choice('ACGT') for _ in range(2000))}\n"
-                             for name in ("a", "v", "t")))
+    fasta = random_genome(tmp_path / "g.fa", dict.fromkeys(("a", "v", "t"), 2000), seed=1)
+    bed = tmp_path / "f.bed"
     bed.write_text("".join(f"{c}\t{s}\t{s + 300}\tf\t0\t+\tCDS\n" for c in ("a", "v", "t") for s in (100, 900)))
-    results = tmp_path / "r.json"
-    assert cli_main(["bench", "genome", "--task", "annotation", "--bed", str(bed), "--bed-type-column", "7",
-                     "--label-types", "CDS", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
-                     "--mixers", "local,attention", "--contexts", "32", "--lrs", "1e-3", "--seeds", "0",
-                     "--dim", "32", "--depth", "2", "--nheads", "2", "--window", "8", "--tokens-per-step", "64",
-                     "--steps", "2", "--warmup-steps", "1", "--eval-tokens", "640", "--device", "cpu",
-                     "--results", str(results), "--runs-dir", str(tmp_path / "runs")]) == 0
-    report = json.loads(results.read_text())
+    report = run_at_cpu_size(tmp_path, fasta, "--task", "annotation", "--bed", str(bed), "--bed-type-column", "7",
+                             "--label-types", "CDS", "--mixers", "local,attention", "--contexts", "32", "--depth",
+                             "2", "--tokens-per-step", "64", "--eval-tokens", "640")
     assert report["shape"]["task"] == "annotation" and report["shape"]["label_types"] == "CDS"
     for r in report["runs"].values():
         assert set(r["test_f1"]) == {"none", "CDS", "other"} and 0 <= r["test_macro_f1"] <= 1
