@@ -55,7 +55,7 @@ class Mamba(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(self.d_inner, 1))
         self.D = nn.Parameter(torch.ones(self.d_inner))
         # The decay rates and the skip are kept out of weight decay, as mamba-ssm does
-        # (genoflash.train.optim.param_groups reads the mark).
+        # (genoflash.train.optim.no_decay_names reads the mark).
         self.A_log._no_weight_decay = True
         self.D._no_weight_decay = True
         self.reset_dt(dt_min, dt_max, dt_init_floor)
