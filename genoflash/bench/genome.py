@@ -100,10 +100,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gradient-checkpointing-from", type=int, default=0, help="recompute each block in the "
                    "backward at contexts from this length (0: never)")
     p.add_argument("--results", type=Path, default=None, help="results JSON, read first to skip the runs it "
-                   "holds (default: <out>/<device>-<date>-genome-lm.json)")
+                   "holds (default: <out>/<device>-<date>-genome-<task>.json)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the default results file goes")
     p.add_argument("--runs-dir", type=Path, default=None, help="the runs' directories (logs, checkpoints); "
-                   "default: a temporary one, deleted")
+                   "default: a temporary folder, deleted at the end")
     p.add_argument("--time-budget", type=float, default=0, help="seconds: start no run that the slowest run so "
                    "far says would end past it (0: no limit); the same command later goes on")
     p.add_argument("--device", default="auto")
@@ -357,8 +357,22 @@ def main(argv: list[str]) -> int:
         report["runs"] = previous["runs"]
         report["metadata"]["earlier"] = previous["metadata"].get("earlier", []) + [
             {k: previous["metadata"][k] for k in ("device", "date", "git_commit") if k in previous["metadata"]}]
+    with tempfile.TemporaryDirectory(prefix="genoflash-genome-") as scratch:
+        # Without --runs-dir each run's directory (its checkpoint) goes with the scratch folder.
+        _run_all(args, report, path, metadata, args.runs_dir or Path(scratch))
+    report["summary"] = summary(report["runs"], args)
+    report["chosen_lr"] = best_lrs(report["runs"], args)
+    _write(path, report)
+    if not args.no_plot and report["summary"]:
+        plot(report, path.with_suffix(".png"), args)
+    print(f"results: {path}")
+    return 0
+
+
+def _run_all(args, report: dict, path: Path, metadata: dict, runs_dir: Path) -> None:
+    """The planned runs in order, each written to `path` as it ends, until none is left or the
+    time budget would be passed."""
     runs = report["runs"]
-    runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="genoflash-genome-"))
     began, slowest = time.perf_counter(), 0.0
     while todo := plan(runs, args):
         mixer, context, lr, seed = todo[0]
@@ -376,10 +390,3 @@ def main(argv: list[str]) -> int:
         report["summary"] = summary(runs, args)
         report["chosen_lr"] = best_lrs(runs, args)
         _write(path, report)
-    report["summary"] = summary(runs, args)
-    report["chosen_lr"] = best_lrs(runs, args)
-    _write(path, report)
-    if not args.no_plot and report["summary"]:
-        plot(report, path.with_suffix(".png"), args)
-    print(f"results: {path}")
-    return 0
