@@ -40,6 +40,7 @@ base against context, of step time against context, and of the sweep.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -148,19 +149,18 @@ def run_key(mixer: str, context: int, lr: float, seed: int) -> str:
     return f"{mixer}/{context}/{lr:g}/{seed}"
 
 
-def chromosome_lengths(args) -> dict[str, int]:
-    """The FASTA's chromosomes' lengths (read once)."""
-    if not hasattr(args, "_lengths"):
-        from ..data.fasta import FastaFile
-        fasta = FastaFile(args.fasta)
-        args._lengths = {c: fasta.contig_length(c) for c in fasta.contigs}
-    return args._lengths
+@functools.lru_cache(maxsize=4)
+def chromosome_lengths(fasta_path: str) -> dict[str, int]:
+    """The FASTA's chromosomes' lengths (read once per file)."""
+    from ..data.fasta import FastaFile
+    fasta = FastaFile(fasta_path)
+    return {c: fasta.contig_length(c) for c in fasta.contigs}
 
 
 def whole_shape(args) -> tuple[int, int, int]:
     """(longest chromosome, mean training chromosome, steps) of the whole-chromosome context: the
     steps read about steps x tokens-per-step tokens, one chromosome each."""
-    lengths = chromosome_lengths(args)
+    lengths = chromosome_lengths(args.fasta)
     held = {c.strip() for c in f"{args.val_chroms},{args.test_chroms}".split(",") if c.strip()}
     train = [n for c, n in lengths.items() if c not in held]
     mean = sum(train) // max(len(train), 1)
