@@ -12,9 +12,15 @@ Every model has about the same parameter count and sees the same tokens:
                    layout, whose mixer holds about the parameters of attention + feed-forward)
 Each run is `genoflash train --task lm` (or `annotation`, a bidirectional model labelling each base
 from --bed) with the same flags but the mixer's, its learning rate, its context and its seed; a step
-reads --tokens-per-step tokens (tokens-per-step / context sequences). The context `whole` trains on
-whole chromosomes, one per step (`genoflash train --whole-chroms`), for as many steps as read about
-the same tokens, and evaluates each held-out chromosome whole.
+reads --tokens-per-step tokens (tokens-per-step / context sequences).
+
+The context `whole` is a model trained, then scored, at whole-chromosome context. From scratch on
+whole chromosomes (one per step) the same tokens would buy ~20 optimizer steps, too few to learn
+anything, so a `whole` run trains as a user extending a model's context would: windows of
+--whole-from first, then its last --whole-steps steps on whole training chromosomes (`genoflash
+train --whole-chroms`, resumed from the windows' checkpoint; one learning-rate schedule over both),
+with fewer window steps so that the run reads about the same tokens as the others. Each held-out
+chromosome is then scored whole. The record keeps the window stage's test scores beside the final.
 
 Two stages, in one command:
     sweep   each mixer at every --lrs value, at --sweep-context, seed the first of --seeds;
@@ -31,7 +37,8 @@ would not fit) goes on where it stopped when the same command runs again.
     genoflash bench genome --fasta sacCer_S288C.fa --val-chroms chrXV --test-chroms chrXVI \\
         --contexts 1024,4096,16384,65536,262144 --lrs 1e-3,2e-3,4e-3 --seeds 0,1 --results genome-lm.json
     genoflash bench genome --task annotation --bed sacCer_S288C.annotations.bed --bed-type-column 7 \\
-        --label-types CDS,tRNA,rRNA,ncRNA,gene --mixers local,attention,hyena,mamba ...
+        --label-types CDS,tRNA,rRNA,ncRNA,gene --mixers local,attention,hyena,mamba \\
+        --contexts 8192,65536,whole --gradient-checkpointing-from 262144 ...
 
 Results: the JSON (with device, date, commit and versions) and, beside it, a plot of test bits per
 base against context, of step time against context, and of the sweep.
@@ -58,6 +65,7 @@ DEFAULT_MIXERS = ("attention", "local-global", "hyena", "mamba")
 # What must match for a results file's runs to be comparable with this command's.
 LN2 = math.log(2)
 WHOLE = "whole"  # the context of whole chromosomes
+WHOLE_SETTINGS = ("whole_steps", "whole_from")  # in the shape only when the ladder has `whole`
 
 
 def _ints(text: str) -> list[int]:
@@ -83,6 +91,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mixers", default=",".join(DEFAULT_MIXERS), help=f"comma-separated, of {', '.join(MIXERS)}")
     p.add_argument("--contexts", default="1024,4096,16384", help="the ladder's context lengths (tokens); "
                    "`whole`: whole chromosomes")
+    p.add_argument("--whole-steps", type=int, default=8, help="`whole`: the run's last steps, each on one whole "
+                   "training chromosome")
+    p.add_argument("--whole-from", type=int, default=None, help="`whole`: the context of the run's first steps, "
+                   "in windows (default: the longest of --contexts)")
     p.add_argument("--sweep-context", type=int, default=None, help="the sweep's context (default: the "
                    "shortest of --contexts)")
     p.add_argument("--lrs", default="1e-3,2e-3,4e-3", help="the learning rates of the sweep (at least 3 to "
@@ -105,8 +117,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the default results file goes")
     p.add_argument("--runs-dir", type=Path, default=None, help="the runs' directories (logs, checkpoints); "
                    "default: a temporary folder, deleted at the end")
-    p.add_argument("--time-budget", type=float, default=0, help="seconds: start no run that the slowest run so "
-                   "far says would end past it (0: no limit); the same command later goes on")
+    p.add_argument("--time-budget", type=float, default=0, help="seconds: start no run that would end past it, "
+                   "guessed from the finished runs of its mixer and context, else the slowest (0: no limit); the "
+                   "same command later goes on")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -124,11 +137,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.sweep_context is None and not numeric:
         p.error("--sweep-context: give one (a number of tokens) when --contexts has only `whole`")
     args.sweep_context = args.sweep_context or min(numeric)
-    for c in [*numeric, args.sweep_context]:
+    args.whole_from = args.whole_from or max(numeric, default=args.sweep_context)
+    for c in [*numeric, args.sweep_context, *([args.whole_from] if WHOLE in contexts else [])]:
         if c < 2 or args.tokens_per_step % c:
             p.error(f"--tokens-per-step ({args.tokens_per_step}) must be a multiple of every context, got {c}")
     if "local-global" in args.mixer_names and args.depth % 4:
         p.error(f"--depth must be a multiple of 4 for local-global (LLLG), got {args.depth}")
+    if WHOLE in contexts and args.whole_steps < 1:
+        p.error(f"--whole-steps must be >= 1, got {args.whole_steps}")
     if args.task == "annotation" and not (args.bed and args.label_types):
         p.error("--task annotation needs --bed and --label-types")
     return args
@@ -142,7 +158,17 @@ def shape(args) -> dict:
             "fasta": os.path.basename(args.fasta), "val_chroms": args.val_chroms, "test_chroms": args.test_chroms,
             "dim": args.dim, "depth": args.depth, "nheads": args.nheads, "window": args.window,
             "tokens_per_step": args.tokens_per_step, "steps": args.steps, "warmup_steps": args.warmup_steps,
-            "eval_tokens": args.eval_tokens, "weight_decay": args.weight_decay}
+            "eval_tokens": args.eval_tokens, "weight_decay": args.weight_decay,
+            **({"whole_steps": args.whole_steps, "whole_from": args.whole_from} if WHOLE in args.context_list else {})}
+
+
+def same_setup(previous: dict, now: dict) -> bool:
+    """Whether a results file's runs compare with this command's: the same shape, where a file that
+    never ran `whole` (so recorded no whole-run settings) matches a command that adds it."""
+    if not isinstance(previous, dict):
+        return False
+    keys = (set(previous) | set(now)) - {k for k in WHOLE_SETTINGS if (k in previous) != (k in now)}
+    return all(previous.get(k) == now.get(k) for k in keys)
 
 
 def run_key(mixer: str, context: int, lr: float, seed: int) -> str:
@@ -158,34 +184,46 @@ def chromosome_lengths(fasta_path: str) -> dict[str, int]:
 
 
 def whole_shape(args) -> tuple[int, int, int]:
-    """(longest chromosome, mean training chromosome, steps) of the whole-chromosome context: the
-    steps read about steps x tokens-per-step tokens, one chromosome each."""
+    """(longest chromosome, mean training chromosome, window steps) of a `whole` run: its window
+    steps and its --whole-steps chromosomes read about --steps x --tokens-per-step tokens."""
     lengths = chromosome_lengths(args.fasta)
     held = {c.strip() for c in f"{args.val_chroms},{args.test_chroms}".split(",") if c.strip()}
     train = [n for c, n in lengths.items() if c not in held]
     mean = sum(train) // max(len(train), 1)
-    return max(lengths.values()), mean, max(1, round(args.steps * args.tokens_per_step / max(mean, 1)))
+    return max(lengths.values()), mean, args.steps - round(args.whole_steps * mean / args.tokens_per_step)
 
 
-def train_config(args, mixer: str, context, lr: float, seed: int, out_dir: Path):
+def train_config(args, mixer: str, context, lr: float, seed: int, out_dir: Path, stage: str = "window"):
+    """The run's `genoflash train` config; a `whole` run has two, its `stage` "window" and "whole"
+    (the same model, steps and schedule: the second resumes the first's checkpoint)."""
     from ..train.config import TrainConfig
 
     pattern, depth_mult, ffn_mult = MIXERS[mixer]
+    steps = args.steps
     if context == WHOLE:
-        longest, _, steps = whole_shape(args)
-        geometry = dict(whole_chroms=True, seq_len=longest, batch_size=1, steps=steps, eval_samples=1)
+        longest, _, window_steps = whole_shape(args)
+        steps = window_steps + args.whole_steps
+        if stage == "whole":  # scored on each held-out chromosome whole, once, at the end
+            geometry = dict(whole_chroms=True, seq_len=longest, batch_size=1, eval_samples=1, resume=True,
+                            eval_every=0, log_every=1)
+        else:
+            context = args.whole_from
+            geometry = dict(seq_len=context, batch_size=args.tokens_per_step // context, stop_at=window_steps,
+                            eval_samples=max(args.eval_tokens // context, 1), eval_every=max(window_steps // 6, 1),
+                            log_every=max(steps // 30, 1))
     else:
-        geometry = dict(seq_len=context, batch_size=args.tokens_per_step // context, steps=args.steps,
-                        eval_samples=max(args.eval_tokens // context, 1))
-    steps, length = geometry["steps"], geometry["seq_len"]
+        geometry = dict(seq_len=context, batch_size=args.tokens_per_step // context,
+                        eval_samples=max(args.eval_tokens // context, 1), eval_every=max(steps // 6, 1),
+                        log_every=max(steps // 30, 1))
+    length = geometry["seq_len"]
     labels = (dict(bed=args.bed, label_types=args.label_types, bed_type_column=args.bed_type_column)
               if args.task == "annotation" else {})
     return TrainConfig(task=args.task, **labels, fasta=args.fasta, val_chroms=args.val_chroms,
                        test_chroms=args.test_chroms,
                        dim=args.dim, depth=args.depth * depth_mult, nheads=args.nheads, ffn_mult=ffn_mult,
-                       layer_pattern=pattern, window_size=args.window, **geometry, lr=lr, min_lr=lr / 10,
-                       warmup_steps=min(args.warmup_steps, steps // 2), weight_decay=args.weight_decay,
-                       eval_every=max(steps // 6, 1), log_every=max(steps // 30, 1), checkpoint_every=steps,
+                       layer_pattern=pattern, window_size=args.window, **geometry, steps=steps, lr=lr,
+                       min_lr=lr / 10, warmup_steps=min(args.warmup_steps, steps // 2), weight_decay=args.weight_decay,
+                       checkpoint_every=steps,
                        keep_checkpoints=1, gradient_checkpointing=bool(args.gradient_checkpointing_from)
                        and length >= args.gradient_checkpointing_from,
                        out_dir=str(out_dir), seed=seed, device=args.device, progress=False)
@@ -197,40 +235,53 @@ def one_run(args, mixer: str, context: int, lr: float, seed: int, runs_dir: Path
 
     from ..train.trainer import TrainingDiverged, train
 
-    cfg = train_config(args, mixer, context, lr, seed, runs_dir / run_key(mixer, context, lr, seed).replace("/", "_"))
+    out_dir = runs_dir / run_key(mixer, context, lr, seed).replace("/", "_")
+    cfg = train_config(args, mixer, context, lr, seed, out_dir)
     record = {"mixer": mixer, "layer_pattern": cfg.layer_pattern, "depth": cfg.depth, "ffn_mult": cfg.ffn_mult,
               "context": context, "lr": lr, "seed": seed, "batch_size": cfg.batch_size, "steps": cfg.steps,
               "gradient_checkpointing": cfg.gradient_checkpointing}
-    # Tokens per step: whole chromosomes differ, so the training chromosomes' mean.
-    step_tokens = whole_shape(args)[1] if context == WHOLE else args.tokens_per_step
-    if context == WHOLE:
-        record["mean_length"] = step_tokens
+    step_tokens, timed_from = args.tokens_per_step, 0  # the steps timed: those after `timed_from`
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     try:
         result = train(cfg)
+        if context == WHOLE:  # the window stage ended at its stop_at; the whole stage resumes there
+            _, step_tokens, timed_from = whole_shape(args)  # tokens per whole step: the chromosomes' mean
+            record.update(window_context=cfg.seq_len, window_steps=timed_from, whole_steps=args.whole_steps,
+                          mean_length=step_tokens, window_stage=_test_scores(result, args.task))
+            cfg = train_config(args, mixer, context, lr, seed, out_dir, stage="whole")
+            record["gradient_checkpointing"] = cfg.gradient_checkpointing
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            result = train(cfg)
     except TrainingDiverged as err:
         return {**record, "diverged": str(err), "val_bits": math.inf, "test_bits": math.inf,
                 "seconds": round(time.perf_counter() - start, 1)}
     history = result["history"]
-    rates = [h["tokens_per_s"] for h in history if "tokens_per_s" in h][1:]  # the first holds the compiles
+    timed = [h for h in history if h["step"] > timed_from]
+    rates = [h["tokens_per_s"] for h in timed if "tokens_per_s" in h][1:]  # the first holds the compiles
     evals = [(h["step"], h["eval"]["loss"] / LN2) for h in history if "eval" in h]
-    peak = max((h.get("gpu_mem_gib", 0.0) for h in history), default=0.0)
-    val, test = result["final"]["loss"] / LN2, result["test"]["loss"] / LN2
+    peak = max((h.get("gpu_mem_gib", 0.0) for h in timed), default=0.0)
+    val = result["final"]["loss"] / LN2
     record.update(parameters=sum(p.numel() for p in result["model"].parameters()),
                   val_bits=round(val, 5) if math.isfinite(val) else math.inf,
-                  test_bits=round(test, 5) if math.isfinite(test) else math.inf,
                   step_ms=round(step_tokens / statistics.median(rates) * 1e3, 2) if rates else None,
                   peak_gib=round(peak, 3) or None, val_curve=[[s, round(b, 5)] for s, b in evals],
-                  seconds=round(time.perf_counter() - start, 1))
-    if args.task == "annotation":
-        test_metrics = result["test"]
-        record.update(test_macro_f1=round(test_metrics["macro_f1"], 5),
-                      test_f1={k: round(v, 5) for k, v in test_metrics["f1"].items()},
-                      test_auprc={k: round(v, 5) for k, v in test_metrics["auprc"].items()},
-                      test_bases=test_metrics["bases"])
+                  seconds=round(time.perf_counter() - start, 1), **_test_scores(result, args.task))
     return record
+
+
+def _test_scores(result: dict, task: str) -> dict:
+    """A trained run's test bits per base, and for the annotation task its F1 and AUPRC."""
+    test = result["test"]
+    bits = test["loss"] / LN2
+    scores = {"test_bits": round(bits, 5) if math.isfinite(bits) else math.inf}
+    if task == "annotation":
+        scores.update(test_macro_f1=round(test["macro_f1"], 5),
+                      test_f1={k: round(v, 5) for k, v in test["f1"].items()},
+                      test_auprc={k: round(v, 5) for k, v in test["auprc"].items()}, test_bases=test["bases"])
+    return scores
 
 
 def _stamp(record: dict, metadata: dict) -> dict:
@@ -351,12 +402,16 @@ def main(argv: list[str]) -> int:
     report = {"metadata": metadata, "shape": shape(args), "runs": {}, "summary": []}
     if path.exists():
         previous = json.loads(path.read_text())
-        if previous.get("shape") != report["shape"]:
+        if not same_setup(previous.get("shape"), report["shape"]):
             raise SystemExit(f"{path} holds runs of another setup ({previous.get('shape')}); this command's is "
                              f"{report['shape']}: use another --results file")
         report["runs"] = previous["runs"]
         report["metadata"]["earlier"] = previous["metadata"].get("earlier", []) + [
             {k: previous["metadata"][k] for k in ("device", "date", "git_commit") if k in previous["metadata"]}]
+    if WHOLE in args.context_list and (window_steps := whole_shape(args)[2]) < 1:
+        raise SystemExit(f"--whole-steps: {args.whole_steps} whole chromosomes (about {whole_shape(args)[1]:,} "
+                         f"bases each) read more than --steps x --tokens-per-step ({args.steps} x "
+                         f"{args.tokens_per_step:,}) tokens, leaving {window_steps} window steps")
     with tempfile.TemporaryDirectory(prefix="genoflash-genome-") as scratch:
         # Without --runs-dir each run's directory (its checkpoint) goes with the scratch folder.
         _run_all(args, report, path, metadata, args.runs_dir or Path(scratch))
@@ -373,16 +428,19 @@ def _run_all(args, report: dict, path: Path, metadata: dict, runs_dir: Path) -> 
     """The planned runs in order, each written to `path` as it ends, until none is left or the
     time budget would be passed."""
     runs = report["runs"]
-    began, slowest = time.perf_counter(), 0.0
+    began = time.perf_counter()
     while todo := plan(runs, args):
         mixer, context, lr, seed = todo[0]
-        if args.time_budget and time.perf_counter() - began + slowest > args.time_budget:
+        # The run's length, guessed from the finished runs of its mixer and context, else from the
+        # slowest of all (the first run of a context longer than any yet may still overrun).
+        like = [r["seconds"] for r in runs.values() if (r["mixer"], r["context"]) == (mixer, context)]
+        guess = max(like or [r["seconds"] for r in runs.values()], default=0.0)
+        if args.time_budget and time.perf_counter() - began + guess > args.time_budget:
             print(f"time budget: {len(todo)} runs left for a later call of the same command")
             break
         print(f"[{len(runs) + 1}] {mixer} context {context if context == WHOLE else f'{context:,}'} lr {lr:g} "
               f"seed {seed} ...", flush=True)
         record = _stamp(one_run(args, mixer, context, lr, seed, runs_dir), metadata)
-        slowest = max(slowest, record["seconds"])
         runs[run_key(mixer, context, lr, seed)] = record
         f1 = f", test macro F1 {record['test_macro_f1']:.4f}" if "test_macro_f1" in record else ""
         print(f"    val {record['val_bits']:.4f} test {record['test_bits']:.4f} bits/base{f1}, "

@@ -98,19 +98,29 @@ def test_one_real_run_per_mixer_at_cpu_size(tmp_path):
     assert runs["local-global"]["layer_pattern"] == "LLLG"
 
 
-def test_whole_chromosomes_are_a_context_read_one_per_step(tmp_path):
-    """`whole`: one training chromosome per step, for about the tokens of the other contexts' steps,
-    and each held-out chromosome scored whole."""
+def test_whole_chromosomes_train_windows_then_whole_chromosomes_for_the_same_tokens(tmp_path):
+    """`whole`: the run's first steps in windows of --whole-from, its last --whole-steps on one whole
+    training chromosome each (resumed from the windows' checkpoint), about the tokens of the other
+    contexts' runs; each held-out chromosome is scored whole, and the window stage's score is kept."""
     fasta = random_genome(tmp_path / "g.fa", {"a": 300, "b": 500, "v": 400, "t": 450}, seed=2)
     report = run_at_cpu_size(tmp_path, fasta, "--mixers", "hyena", "--contexts", "32,whole", "--depth", "2",
-                             "--tokens-per-step", "128", "--steps", "6", "--eval-tokens", "64")
+                             "--tokens-per-step", "128", "--steps", "10", "--whole-steps", "2", "--eval-tokens", "64")
     whole = report["runs"]["hyena/whole/0.001/0"]
-    assert whole["mean_length"] == 400 and whole["batch_size"] == 1
-    assert whole["steps"] == 2  # 6 steps x 128 tokens / 400 bases per chromosome
-    assert math.isfinite(whole["test_bits"])
+    # 2 chromosomes of 400 bases on average read the tokens of 6 steps of 128: 10 - 6 window steps
+    assert whole["mean_length"] == 400 and whole["window_context"] == 32
+    assert (whole["window_steps"], whole["whole_steps"], whole["steps"]) == (4, 2, 6)
+    assert math.isfinite(whole["test_bits"]) and math.isfinite(whole["window_stage"]["test_bits"])
+    assert whole["test_bits"] != whole["window_stage"]["test_bits"]  # scored again after the whole stage
+    log = [json.loads(line) for line in (tmp_path / "runs" / "hyena_whole_0.001_0" / "log.jsonl").open()]
+    lengths = {h["step"]: h["seq_len"] for h in log if "seq_len" in h}
+    assert [lengths[s] for s in sorted(lengths)] == [32] * whole["window_steps"] + [500] * whole["whole_steps"]
+    assert [h["step"] for h in log if "test" in h] == [4, 6]  # after the windows, then after the whole stage
     assert [r["context"] for r in report["summary"]] == [32, "whole"]
     with pytest.raises(SystemExit):
         genome.parse_args(["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t", "--contexts", "whole"])
+    with pytest.raises(SystemExit, match="--whole-steps"):  # more whole-chromosome tokens than the budget
+        run_at_cpu_size(tmp_path, fasta, "--mixers", "hyena", "--contexts", "32,whole", "--tokens-per-step", "128",
+                        "--steps", "6", "--whole-steps", "2", "--results", str(tmp_path / "other.json"))
 
 
 def test_the_mixers_have_about_the_same_parameters_at_the_default_size():
@@ -137,3 +147,13 @@ def test_the_annotation_task_reports_f1_per_class_beside_a_local_baseline(tmp_pa
     assert all("test_macro_f1_mean" in r for r in report["summary"])
     with pytest.raises(SystemExit):
         genome.parse_args(["--task", "annotation", "--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t"])
+
+
+def test_a_results_file_without_whole_runs_goes_on_when_whole_is_added():
+    base = ["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t", "--contexts", "64,128"]
+    before = genome.shape(genome.parse_args(base))
+    with_whole = genome.shape(genome.parse_args([*base[:-1], "64,128,whole", "--whole-steps", "4"]))
+    assert genome.same_setup(before, with_whole) and genome.same_setup(with_whole, before)
+    other = genome.shape(genome.parse_args([*base[:-1], "64,128,whole", "--whole-steps", "5"]))
+    assert not genome.same_setup(with_whole, other)  # whole runs of another whole stage do not mix
+    assert not genome.same_setup(before, genome.shape(genome.parse_args([*base, "--steps", "7"])))
