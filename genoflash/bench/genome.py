@@ -199,10 +199,11 @@ def train_config(args, mixer: str, context, lr: float, seed: int, out_dir: Path,
     from ..train.config import TrainConfig
 
     pattern, depth_mult, ffn_mult = MIXERS[mixer]
-    steps = args.steps
+    steps, extra = args.steps, {}
     if context == WHOLE:
         longest, _, window_steps = whole_shape(args)
         steps = window_steps + args.whole_steps
+        extra["hyena_l_max"] = longest  # both stages: the filters the windows learn are those used whole
         if stage == "whole":  # scored on each held-out chromosome whole, once, at the end
             geometry = dict(whole_chroms=True, seq_len=longest, batch_size=1, eval_samples=1, resume=True,
                             eval_every=0, log_every=1)
@@ -218,7 +219,7 @@ def train_config(args, mixer: str, context, lr: float, seed: int, out_dir: Path,
     length = geometry["seq_len"]
     labels = (dict(bed=args.bed, label_types=args.label_types, bed_type_column=args.bed_type_column)
               if args.task == "annotation" else {})
-    return TrainConfig(task=args.task, **labels, fasta=args.fasta, val_chroms=args.val_chroms,
+    return TrainConfig(task=args.task, **labels, **extra, fasta=args.fasta, val_chroms=args.val_chroms,
                        test_chroms=args.test_chroms,
                        dim=args.dim, depth=args.depth * depth_mult, nheads=args.nheads, ffn_mult=ffn_mult,
                        layer_pattern=pattern, window_size=args.window, **geometry, steps=steps, lr=lr,

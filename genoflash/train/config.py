@@ -70,6 +70,8 @@ class TrainConfig:
                                  ", ".join(f"{k} {v}" for k, v in LAYER_LETTERS.items()))
     window_size: int = _option(128, "how far a local (L) layer sees, in tokens")
     seq_len: int = _option(512, "tokens per sequence")
+    hyena_l_max: int = _option(0, "Hyena (H) layers: the length their implicit filters span (0: seq_len); a run "
+                               "resumed at a longer seq_len keeps the first run's filters only with the same value")
     distance: int = _option(256, "synthetic: bases from the enhancer element's start to the promoter's")
     n_families: int = _option(2, "synthetic: motif families")
     motif_length: int = _option(16, "synthetic: bases per motif (binding site)")
@@ -148,8 +150,10 @@ class TrainConfig:
                     "eval_samples", "log_every", "checkpoint_every", "keep_checkpoints", "max_bad_steps",
                     "seq_len_start", "n_families", "motif_length", "sites"):
             need(getattr(self, key) >= 1, key, "a positive integer")
-        for key in ("spacer", "margin", "eval_every", "stop_at", "warmup_steps", "seed"):
+        for key in ("spacer", "margin", "eval_every", "stop_at", "warmup_steps", "seed", "hyena_l_max"):
             need(getattr(self, key) >= 0, key, "an integer >= 0")
+        need(not self.hyena_l_max or self.hyena_l_max >= self.seq_len, "hyena_l_max",
+             f"0 (seq_len) or at least seq_len ({self.seq_len})")
         need(self.dim % self.nheads == 0, "dim", f"a multiple of nheads ({self.nheads})")
         need(bool(self.layer_pattern) and set(self.layer_pattern) <= set(LAYER_LETTERS), "layer_pattern",
              f"letters of {''.join(LAYER_LETTERS)} ({', '.join(f'{k}: {v}' for k, v in LAYER_LETTERS.items())})")
@@ -201,14 +205,14 @@ class TrainConfig:
     def model_config(self) -> DNALMConfig:
         # Hyena's implicit filters span positions normalised by hyena_l_max: at the default 1M a
         # 224-base sequence would see only the flat first 0.02% of every filter. The longest
-        # sequence this run sees is seq_len.
+        # sequence this run sees is seq_len, unless hyena_l_max says a longer one is to come.
         # The annotation task labels each base from both sides: a bidirectional model
         # (BiMamba for M layers), with classes none, the types, other.
         labels = len(self.types()) + 2 if self.task == "annotation" else None
         return DNALMConfig(dim=self.dim, depth=self.depth, nheads=self.nheads, ffn_mult=self.ffn_mult,
                            causal=self.task == "lm",
                            layer_pattern=self.layer_pattern, window_size=self.window_size,
-                           hyena_l_max=self.seq_len, num_labels=labels,
+                           hyena_l_max=self.hyena_l_max or self.seq_len, num_labels=labels,
                            gradient_checkpointing=self.gradient_checkpointing)
 
 

@@ -116,6 +116,11 @@ def test_whole_chromosomes_train_windows_then_whole_chromosomes_for_the_same_tok
     assert [lengths[s] for s in sorted(lengths)] == [32] * whole["window_steps"] + [500] * whole["whole_steps"]
     assert [h["step"] for h in log if "test" in h] == [4, 6]  # after the windows, then after the whole stage
     assert [r["context"] for r in report["summary"]] == [32, "whole"]
+    # Hyena's filters span the longest chromosome in both stages: the windows learn the filters used whole.
+    args = genome.parse_args(["--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t", "--contexts",
+                              "32,whole", "--tokens-per-step", "128", "--steps", "10", "--whole-steps", "2"])
+    stages = [genome.train_config(args, "hyena", "whole", 1e-3, 0, tmp_path, stage) for stage in ("window", "whole")]
+    assert [c.model_config().hyena_l_max for c in stages] == [500, 500] and stages[0].seq_len == 32
     with pytest.raises(SystemExit):
         genome.parse_args(["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t", "--contexts", "whole"])
     with pytest.raises(SystemExit, match="--whole-steps"):  # more whole-chromosome tokens than the budget

@@ -88,6 +88,7 @@ def test_optimizer_settings_out_of_range_are_errors(field, bad, message):
      r"seq_len \(--seq-len\) must be a multiple of 2 x context_parallel = 6"),
     ({"context_parallel": 0}, r"context_parallel \(--context-parallel\) must be a positive integer"),
     ({"data_parallel": "zero3"}, r"data_parallel \(--data-parallel\) must be one of ddp, fsdp"),
+    ({"hyena_l_max": 256, "seq_len": 512}, r"hyena_l_max \(--hyena-l-max\) must be 0 \(seq_len\) or at least seq_len"),
 ])
 def test_settings_that_cannot_work_together_are_errors(settings, message):
     with pytest.raises(ConfigError, match=message):
