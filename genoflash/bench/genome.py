@@ -120,6 +120,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, default=0, help="seconds: start no run that would end past it, "
                    "guessed from the finished runs of its mixer and context, else the slowest (0: no limit); the "
                    "same command later goes on")
+    p.add_argument("--speed", action="store_true", help="train nothing: time one training step of each mixer's "
+                   "model at each context (`whole`: the longest chromosome) and take its peak memory")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -399,6 +401,12 @@ def main(argv: list[str]) -> int:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     metadata = run_metadata(device, command="genoflash bench genome")
+    if WHOLE in args.context_list and (window_steps := whole_shape(args)[2]) < 1:
+        raise SystemExit(f"--whole-steps: {args.whole_steps} whole chromosomes (about {whole_shape(args)[1]:,} "
+                         f"bases each) read more than --steps x --tokens-per-step ({args.steps} x "
+                         f"{args.tokens_per_step:,}) tokens, leaving {window_steps} window steps")
+    if args.speed:
+        return speed(args, device, metadata)
     path = args.results or results_stem(args.out, metadata, f"genome-{args.task}").with_suffix(".json")
     report = {"metadata": metadata, "shape": shape(args), "runs": {}, "summary": []}
     if path.exists():
@@ -409,10 +417,6 @@ def main(argv: list[str]) -> int:
         report["runs"] = previous["runs"]
         report["metadata"]["earlier"] = previous["metadata"].get("earlier", []) + [
             {k: previous["metadata"][k] for k in ("device", "date", "git_commit") if k in previous["metadata"]}]
-    if WHOLE in args.context_list and (window_steps := whole_shape(args)[2]) < 1:
-        raise SystemExit(f"--whole-steps: {args.whole_steps} whole chromosomes (about {whole_shape(args)[1]:,} "
-                         f"bases each) read more than --steps x --tokens-per-step ({args.steps} x "
-                         f"{args.tokens_per_step:,}) tokens, leaving {window_steps} window steps")
     with tempfile.TemporaryDirectory(prefix="genoflash-genome-") as scratch:
         # Without --runs-dir each run's directory (its checkpoint) goes with the scratch folder.
         _run_all(args, report, path, metadata, args.runs_dir or Path(scratch))
@@ -449,3 +453,83 @@ def _run_all(args, report: dict, path: Path, metadata: dict, runs_dir: Path) -> 
         report["summary"] = summary(runs, args)
         report["chosen_lr"] = best_lrs(runs, args)
         _write(path, report)
+
+
+# ---------------------------------------------------------------- --speed
+
+def speed(args, device, metadata: dict) -> int:
+    """Each mixer's model, as its runs train it, at each context: one training step (bf16 forward,
+    cross-entropy, backward, AdamW step) on random tokens, timed and its peak memory taken as
+    `genoflash bench mixers` takes them (common.time_and_peak). `whole` is one sequence of the
+    longest chromosome, checkpointed per --gradient-checkpointing-from. A mixer ends at its first
+    out-of-memory. Writes <stem>-speed.json (after every point) and a plot of both."""
+    import torch
+
+    from ..train.trainer import build_model
+    from .common import free_cached_memory
+
+    path = args.results or results_stem(args.out, metadata, f"genome-{args.task}-speed").with_suffix(".json")
+    report = {"metadata": metadata, "shape": shape(args), "rows": []}
+    for mixer in args.mixer_names:
+        for context in args.context_list:
+            stage = "whole" if context == WHOLE else "window"
+            cfg = train_config(args, mixer, context, args.lr_list[0], 0, Path("unused"), stage)
+            row = {"mixer": mixer, "context": context, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size,
+                   "tokens": cfg.seq_len * cfg.batch_size, "gradient_checkpointing": cfg.gradient_checkpointing}
+            try:
+                row.update(_step_time(build_model(cfg).to(device), cfg, device))
+            except torch.cuda.OutOfMemoryError:
+                row["error"] = "out of memory"
+            finally:
+                free_cached_memory(device)
+            report["rows"].append(row)
+            shown = row.get("error") or f"{row['ms']:10.1f} ms, peak {row['peak_gib'] or 0:.2f} GiB"
+            print(f"{mixer:13s} {context if context == WHOLE else f'{context:,}':>9s}  {shown}", flush=True)
+            _write(path, report)
+            if "error" in row:
+                break
+    if not args.no_plot:
+        plot_speed(report, path.with_suffix(".png"))
+    print(f"results: {path}")
+    return 0
+
+
+def _step_time(model, cfg, device) -> dict:
+    """{"ms", "peak_gib", "tokens_per_s"} of one training step of `model` at cfg's geometry."""
+    import torch
+    import torch.nn.functional as F
+
+    from .common import time_and_peak
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    tokens = torch.randint(4, 8, (cfg.batch_size, cfg.seq_len), device=device)  # the tokenizer's A, C, G, T ids
+    classes = model.lm_head.out_features
+    targets = torch.randint(0, classes, (cfg.batch_size, cfg.seq_len), device=device)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(tokens)["logits"]
+        F.cross_entropy(logits.reshape(-1, classes).float(), targets.reshape(-1)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    timing = time_and_peak(step, device, warmup_ms=5, rep_ms=50, time_once_above_ms=1000)
+    return {**timing, "tokens_per_s": round(cfg.seq_len * cfg.batch_size / (timing["ms"] * 1e-3))}
+
+
+def plot_speed(report: dict, path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    for mixer in dict.fromkeys(r["mixer"] for r in report["rows"]):
+        rows = [r for r in report["rows"] if r["mixer"] == mixer and "ms" in r]
+        for ax, key in zip(axes, ("ms", "peak_gib")):
+            ax.plot([r["seq_len"] for r in rows], [r[key] for r in rows], "o-", label=mixer)
+    axes[0].set(xscale="log", yscale="log", xlabel="context (tokens; the last: the longest chromosome, batch 1)",
+                ylabel="ms per training step", title="one training step (bf16, AdamW)")
+    axes[1].set(xscale="log", xlabel="context (tokens)", ylabel="peak GiB", title="peak memory of the step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{report['shape']['task']} models on {report['shape']['fasta']}: {title_stamp(report['metadata'])}")
+    save_figure(fig, path)

@@ -162,3 +162,18 @@ def test_a_results_file_without_whole_runs_goes_on_when_whole_is_added():
     other = genome.shape(genome.parse_args([*base[:-1], "64,128,whole", "--whole-steps", "5"]))
     assert not genome.same_setup(with_whole, other)  # whole runs of another whole stage do not mix
     assert not genome.same_setup(before, genome.shape(genome.parse_args([*base, "--steps", "7"])))
+
+
+def test_speed_times_one_training_step_per_mixer_and_context_without_training(tmp_path):
+    fasta = random_genome(tmp_path / "g.fa", {"a": 300, "b": 500, "v": 400, "t": 450}, seed=3)
+    results = tmp_path / "speed.json"
+    assert cli_main(["bench", "genome", "--speed", "--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t",
+                     "--mixers", "attention,mamba", "--contexts", "32,whole", "--dim", "32", "--nheads", "2",
+                     "--depth", "2", "--window", "8", "--tokens-per-step", "128", "--steps", "10",
+                     "--whole-steps", "2", "--device", "cpu", "--results", str(results)]) == 0
+    rows = json.loads(results.read_text())["rows"]
+    assert [(r["mixer"], r["context"], r["batch_size"], r["seq_len"]) for r in rows] == [
+        ("attention", 32, 4, 32), ("attention", "whole", 1, 500), ("mamba", 32, 4, 32), ("mamba", "whole", 1, 500)]
+    assert all(r["ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert results.with_suffix(".png").stat().st_size > 0
+    assert not (tmp_path / "unused").exists()  # nothing trained, nothing written but the results
