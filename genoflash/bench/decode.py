@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 from pathlib import Path
 
 import torch
@@ -184,6 +185,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench decode", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--sweep", action="store_true", help="time decode.py's constants instead of the providers")
+    parser.add_argument("--grid", type=json.loads, default=None, help="--sweep: DecodeConfig fields and the "
+                        "values to time, as JSON (default: the tile, warps, stages and programs per SM)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -196,7 +199,8 @@ def main(argv: list[str]) -> int:
     metadata = run_metadata(CUDA, dtype="bf16", copy_rate_gbps=floor_gbps,
                             method="do_bench median (L2 cleared between calls); floor = K+V bytes / copy rate")
     if args.sweep:
-        grid = {"block_n": [32, 64], "num_warps": [2, 4], "num_stages": [2, 3, 4], "programs_per_sm": [2, 3, 4, 6]}
+        grid = args.grid or {"block_n": [32, 64], "num_warps": [2, 4], "num_stages": [2, 3, 4],
+                             "programs_per_sm": [2, 3, 4, 6]}
         rows = [row for c in args.cases.split(",") for row in sweep_case(c, *CASES[c], floor_gbps, grid)]
         path = Path(f"{results_stem(args.out, metadata, 'decode-sweep')}.json")
         write_json(path, {"metadata": metadata, "grid": grid, "rows": rows})
