@@ -60,7 +60,6 @@ class DecodeConfig:
     programs_per_sm: int = 4
     min_keys_per_split: int = 256
     max_splits: int = 128
-    kv_eviction: str = ""  # the K/V loads' L2 eviction hint ("", "evict_first", "evict_last")
 
     @functools.cached_property
     def launch_config(self) -> LaunchConfig:
@@ -97,7 +96,6 @@ def _decode_split_kernel(
     HAS_KEY_MASK: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    KV_EVICTION: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -163,7 +161,7 @@ def _decode_split_kernel(
             k_rows = row * stride_kb + slot.to(tl.int64) * stride_kn
             v_rows = row * stride_vb + slot.to(tl.int64) * stride_vn
         k = tl.load(K + k_rows[:, None] + hk64 * stride_kh + offs_d[None, :],
-                    mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, eviction_policy=KV_EVICTION)
+                    mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -177,7 +175,7 @@ def _decode_split_kernel(
         s = tl.where(visible, s, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, True)
         v = tl.load(V + v_rows[:, None] + hk64 * stride_vh + offs_dv[None, :],
-                    mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0, eviction_policy=KV_EVICTION)
+                    mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     out, lse = _finalize_softmax(acc, m_i, l_i)
 
@@ -281,8 +279,7 @@ def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: 
 @functools.lru_cache(maxsize=256)
 def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, has_seqlens: bool, has_leftpad: bool,
                       has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool, has_left: bool, has_right: bool,
-                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int,
-                      kv_eviction: str) -> dict:
+                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int) -> dict:
     """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
     counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
     return dict(
@@ -293,7 +290,7 @@ def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, ha
         PAGED=paged, HAS_KEY_MASK=has_mask, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi,
         FAST_TANH=dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
-        STORE_LSE=store_lse, INPUT_PRECISION=input_precision(dtype), KV_EVICTION=kv_eviction,
+        STORE_LSE=store_lse, INPUT_PRECISION=input_precision(dtype),
     )
 
 
@@ -399,7 +396,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     def launches():
         launch(_decode_split_kernel, grid, cfg.launch_config,
                *_split_pointers(q, k_cache, v_cache, out, lse_out, out_part, lse_part, optional, out),
-               *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind, cfg.block_n, cfg.kv_eviction))
+               *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind, cfg.block_n))
         if split:
             launch(_combine_kernel, (n_lse,), COMBINE_CONFIG, out_part, lse_part, out, lse_out,
                    batch, nheads, seqlen_q, num_splits, *out_strides, *lse_strides,
