@@ -401,8 +401,9 @@ def main(argv: list[str]) -> int:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     metadata = run_metadata(device, command="genoflash bench genome")
-    if WHOLE in args.context_list and (window_steps := whole_shape(args)[2]) < 1:
-        raise SystemExit(f"--whole-steps: {args.whole_steps} whole chromosomes (about {whole_shape(args)[1]:,} "
+    _, mean, window_steps = whole_shape(args) if WHOLE in args.context_list else (0, 0, 1)
+    if window_steps < 1:
+        raise SystemExit(f"--whole-steps: {args.whole_steps} whole chromosomes (about {mean:,} "
                          f"bases each) read more than --steps x --tokens-per-step ({args.steps} x "
                          f"{args.tokens_per_step:,}) tokens, leaving {window_steps} window steps")
     if args.speed:

@@ -115,6 +115,9 @@ def test_whole_chromosomes_train_windows_then_whole_chromosomes_for_the_same_tok
     lengths = {h["step"]: h["seq_len"] for h in log if "seq_len" in h}
     assert [lengths[s] for s in sorted(lengths)] == [32] * whole["window_steps"] + [500] * whole["whole_steps"]
     assert [h["step"] for h in log if "test" in h] == [4, 6]  # after the windows, then after the whole stage
+    # The step time is the whole stage's (its first step, with the compiles, left out), at the mean chromosome.
+    whole_rates = [h["tokens_per_s"] for h in log if "tokens_per_s" in h and h["step"] > 4][1:]
+    assert whole["step_ms"] == round(400 / whole_rates[0] * 1e3, 2)
     assert [r["context"] for r in report["summary"]] == [32, "whole"]
     # Hyena's filters span the longest chromosome in both stages: the windows learn the filters used whole.
     args = genome.parse_args(["--fasta", str(fasta), "--val-chroms", "v", "--test-chroms", "t", "--contexts",
