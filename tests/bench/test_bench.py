@@ -336,6 +336,11 @@ def test_time_and_peak_warms_up_then_measures_on_the_cpu():
     calls.clear()
     assert time_and_peak(lambda: calls.append(1), torch.device("cpu"), time_once_above_ms=-1)["timed_calls"] == 1
     assert len(calls) == 2
+    calls.clear()
+    warmups = []
+    once = time_and_peak(lambda: calls.append(1), torch.device("cpu"), time_once_above_ms=-1,
+                         warmup=lambda: warmups.append(1))
+    assert once["timed_calls"] == 1 and len(calls) == 1 and len(warmups) == 1  # the warm-up replaced, not added
 
 
 def test_bench_decode_plot_reads_its_report(tmp_path):

@@ -3,6 +3,7 @@ file carries a job cut into pieces through to the end."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +181,36 @@ def test_speed_times_one_training_step_per_mixer_and_context_without_training(tm
     assert all(r["ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert results.with_suffix(".png").stat().st_size > 0
     assert not (tmp_path / "unused").exists()  # nothing trained, nothing written but the results
+
+
+def test_speed_warms_a_whole_step_up_on_a_short_sequence_of_the_same_residue(monkeypatch):
+    """The whole step is timed once, its warm-up a short step whose length keeps seq_len's class mod 16."""
+    import torch
+
+    from genoflash.bench import common
+    from genoflash.train.trainer import build_model
+
+    seen = []
+
+    def fake(fn, device, *, warmup=None, **kwargs):
+        for call in (warmup, fn):
+            if call is not None:
+                lengths = []
+                hook = model.register_forward_pre_hook(lambda mod, args: lengths.append(args[0].shape[-1]))
+                call()
+                hook.remove()
+                seen.append(lengths[0])
+        return {"ms": 1.0, "peak_gib": None}
+
+    monkeypatch.setattr(common, "time_and_peak", fake)
+    args = genome.parse_args(["--fasta", "x.fa", "--val-chroms", "v", "--test-chroms", "t",
+                              "--mixers", "attention", "--contexts", "32,whole",
+                              "--dim", "32", "--nheads", "2", "--depth", "1", "--device", "cpu"])
+    cfg = genome.train_config(args, "attention", 32, 1e-3, 0, Path("unused"), "window")
+    model = build_model(cfg)
+    cfg.seq_len, cfg.batch_size = 4096 + 16 + 5, 1
+    genome._step_time(model, cfg, torch.device("cpu"), short_warmup=True)
+    assert seen == [genome.SHORT_WARMUP_TOKENS + 5, 4096 + 16 + 5]
+    seen.clear()
+    genome._step_time(model, cfg, torch.device("cpu"))
+    assert seen == [4096 + 16 + 5]
