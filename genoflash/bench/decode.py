@@ -181,6 +181,22 @@ def plot(report: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def check_grid(parser: argparse.ArgumentParser, grid) -> None:
+    """--grid must map DecodeConfig's field names to non-empty lists (checked before any GPU work)."""
+    import dataclasses
+
+    from ..ops.attention.decode import DecodeConfig
+
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    if not isinstance(grid, dict) or not grid:
+        parser.error("--grid: give a JSON object of DecodeConfig fields, e.g. '{\"block_n\": [32, 64]}'")
+    for name, values in grid.items():
+        if name not in fields:
+            parser.error(f"--grid: {name!r} is not a DecodeConfig field; choose from {', '.join(sorted(fields))}")
+        if not isinstance(values, list) or not values:
+            parser.error(f"--grid: {name!r} needs a non-empty list of values, got {values!r}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="genoflash bench decode", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
@@ -189,6 +205,8 @@ def main(argv: list[str]) -> int:
                         "values to time, as JSON (default: the tile, warps, stages and programs per SM)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
+    if args.grid is not None:
+        check_grid(parser, args.grid)
     if not torch.cuda.is_available():
         print("genoflash bench decode needs a CUDA GPU", flush=True)
         return 2

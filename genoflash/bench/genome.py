@@ -375,7 +375,8 @@ def plot(report: dict, path: Path, args) -> None:
         axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="test bits per base",
                     title="held-out chromosomes, per-base cross-entropy")
     axes[1].set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per step",
-                title=f"training step ({args.tokens_per_step:,} tokens)")
+                title=f"training step ({args.tokens_per_step:,} tokens"
+                + ("; whole: one chromosome)" if WHOLE in args.context_list else ")"))
     axes[2].set(xscale="log", xlabel="peak learning rate", ylabel="validation cross-entropy, bits (capped 2.5)",
                 title=f"learning-rate sweep at {args.sweep_context:,}")
     for ax in axes:

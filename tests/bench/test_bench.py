@@ -135,7 +135,7 @@ def test_scale_commands_run_at_cpu_size(tmp_path):
 
 
 def test_bench_mixers_runs_at_cpu_size(tmp_path):
-    """`genoflash bench mixers`' code paths (each mixer's fwd+bwd, JSON saved, crossovers, plot), tiny and on the CPU."""
+    """`genoflash bench mixers`' code paths (each mixer's fwd+bwd, JSON saved, crossovers, plot), CPU size."""
     assert main(["bench", "mixers", "--cpu", "--d-models", "16", "--out", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("*mixers.json")).read_text())
     for mixer in ("attention", "hyena", "mamba"):
@@ -341,6 +341,14 @@ def test_time_and_peak_warms_up_then_measures_on_the_cpu():
     once = time_and_peak(lambda: calls.append(1), torch.device("cpu"), time_once_above_ms=-1,
                          warmup=lambda: warmups.append(1))
     assert once["timed_calls"] == 1 and len(calls) == 1 and len(warmups) == 1  # the warm-up replaced, not added
+
+
+@pytest.mark.parametrize("grid, message", [('{"block_m": [16]}', "not a DecodeConfig field"),
+                                           ('{"block_n": 32}', "non-empty list"), ('[1, 2]', "JSON object")])
+def test_bench_decode_grid_names_a_bad_field_before_any_gpu_work(grid, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "decode", "--sweep", "--grid", grid])
+    assert message in capsys.readouterr().err
 
 
 def test_bench_decode_plot_reads_its_report(tmp_path):
