@@ -536,16 +536,28 @@ def _step_time(model, cfg, device, short_warmup: bool = False) -> dict:
 
 
 def plot_speed(report: dict, path: Path) -> None:
+    """Step time, throughput and peak memory against the sequence length. Steps hold different token
+    counts (the windows' tokens per step; `whole`: one chromosome), so throughput is the comparable
+    panel; hollow markers are checkpointed steps (their peak is not the same trade-off)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
-    for mixer in dict.fromkeys(r["mixer"] for r in report["rows"]):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    for i, mixer in enumerate(dict.fromkeys(r["mixer"] for r in report["rows"])):
         rows = [r for r in report["rows"] if r["mixer"] == mixer and "ms" in r]
-        for ax, key in zip(axes, ("ms", "peak_gib")):
-            ax.plot([r["seq_len"] for r in rows], [r[key] for r in rows], "o-", label=mixer)
-    axes[0].set(xscale="log", yscale="log", xlabel="context (tokens; the last: the longest chromosome, batch 1)",
-                ylabel="ms per training step", title="one training step (bf16, AdamW)")
-    axes[1].set(xscale="log", xlabel="context (tokens)", ylabel="peak GiB", title="peak memory of the step")
+        color = f"C{i}"
+        for ax, key in zip(axes, ("ms", "tokens_per_s", "peak_gib")):
+            known = [r for r in rows if r[key] is not None]  # no peak on the CPU
+            ax.plot([r["seq_len"] for r in known], [r[key] for r in known], "-", color=color, label=mixer)
+            for r in known:
+                ax.plot(r["seq_len"], r[key], "o", color=color,
+                        markerfacecolor="none" if r["gradient_checkpointing"] else color)
+    windows = sorted({r["tokens"] for r in report["rows"] if r["context"] != WHOLE})
+    per_step = f"{windows[0]:,} tokens a step" if len(windows) == 1 else "tokens a step vary"
+    axes[0].set(yscale="log", ylabel="ms per training step",
+                title=f"training step, bf16 + AdamW ({per_step}; whole: 1 chromosome)")
+    axes[1].set(yscale="log", ylabel="tokens per second", title="throughput")
+    axes[2].set(ylabel="peak GiB", title="peak memory of the step (hollow: checkpointed)")
     for ax in axes:
+        ax.set(xscale="log", xlabel="sequence length (tokens; the last: the longest chromosome)")
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8)
