@@ -58,7 +58,9 @@ from pathlib import Path
 
 from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
 
-# name -> (layer_pattern, depth multiplier, SwiGLU width as a multiple of dim; 0: none)
+# name -> (layer_pattern, depth multiplier, SwiGLU width as a multiple of dim; 0: none). Mamba's blocks
+# have no feed-forward, so the causal LM stacks twice as many to match the others' parameters; see
+# mixer_depth for the bidirectional models.
 MIXERS = {"attention": ("G", 1, 8 / 3), "local-global": ("LLLG", 1, 8 / 3), "local": ("L", 1, 8 / 3),
           "hyena": ("H", 1, 8 / 3), "mamba": ("M", 2, 0.0)}
 DEFAULT_MIXERS = ("attention", "local-global", "hyena", "mamba")
@@ -66,6 +68,14 @@ DEFAULT_MIXERS = ("attention", "local-global", "hyena", "mamba")
 LN2 = math.log(2)
 WHOLE = "whole"  # the context of whole chromosomes
 WHOLE_SETTINGS = ("whole_steps", "whole_from")  # in the shape only when the ladder has `whole`
+
+
+def mixer_depth(args, mixer: str) -> int:
+    """Blocks of `mixer`'s model. A BiMamba block holds two Mamba layers (one per direction, untied),
+    so the bidirectional annotation model takes --depth of them, not twice: both then have about the
+    parameters of the attention models (3.5M against 3.2M at the defaults)."""
+    _, depth_mult, _ = MIXERS[mixer]
+    return args.depth * (1 if mixer == "mamba" and args.task == "annotation" else depth_mult)
 
 
 def _ints(text: str) -> list[int]:
@@ -101,7 +111,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "tell a tuned mixer from an untuned one)")
     p.add_argument("--seeds", default="0,1", help="the ladder's seeds; the sweep uses the first")
     p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--depth", type=int, default=4, help="blocks (Mamba: twice as many, without feed-forward)")
+    p.add_argument("--depth", type=int, default=4, help="blocks (the causal Mamba LM: twice as many, without "
+                   "feed-forward; BiMamba: as many, each two Mamba layers)")
     p.add_argument("--nheads", type=int, default=4, help="attention heads")
     p.add_argument("--window", type=int, default=512, help="the local layers' window (local-global)")
     p.add_argument("--tokens-per-step", type=int, default=65536, help="tokens per optimizer step at every context")
@@ -161,6 +172,7 @@ def shape(args) -> dict:
             "dim": args.dim, "depth": args.depth, "nheads": args.nheads, "window": args.window,
             "tokens_per_step": args.tokens_per_step, "steps": args.steps, "warmup_steps": args.warmup_steps,
             "eval_tokens": args.eval_tokens, "weight_decay": args.weight_decay,
+            "mamba_depth": mixer_depth(args, "mamba"),
             **({"whole_steps": args.whole_steps, "whole_from": args.whole_from} if WHOLE in args.context_list else {})}
 
 
@@ -169,6 +181,8 @@ def same_setup(previous: dict, now: dict) -> bool:
     never ran `whole` (so recorded no whole-run settings) matches a command that adds it."""
     if not isinstance(previous, dict):
         return False
+    # Files written before the shape named Mamba's depth ran it at twice --depth for both tasks.
+    previous = {"mamba_depth": 2 * previous.get("depth", 0), **previous}
     keys = (set(previous) | set(now)) - {k for k in WHOLE_SETTINGS if (k in previous) != (k in now)}
     return all(previous.get(k) == now.get(k) for k in keys)
 
@@ -200,7 +214,7 @@ def train_config(args, mixer: str, context, lr: float, seed: int, out_dir: Path,
     (the same model, steps and schedule: the second resumes the first's checkpoint)."""
     from ..train.config import TrainConfig
 
-    pattern, depth_mult, ffn_mult = MIXERS[mixer]
+    pattern, _, ffn_mult = MIXERS[mixer]
     steps, extra = args.steps, {}
     if context == WHOLE:
         longest, _, window_steps = whole_shape(args)
@@ -223,7 +237,7 @@ def train_config(args, mixer: str, context, lr: float, seed: int, out_dir: Path,
               if args.task == "annotation" else {})
     return TrainConfig(task=args.task, **labels, **extra, fasta=args.fasta, val_chroms=args.val_chroms,
                        test_chroms=args.test_chroms,
-                       dim=args.dim, depth=args.depth * depth_mult, nheads=args.nheads, ffn_mult=ffn_mult,
+                       dim=args.dim, depth=mixer_depth(args, mixer), nheads=args.nheads, ffn_mult=ffn_mult,
                        layer_pattern=pattern, window_size=args.window, **geometry, steps=steps, lr=lr,
                        min_lr=lr / 10, warmup_steps=min(args.warmup_steps, steps // 2), weight_decay=args.weight_decay,
                        checkpoint_every=steps,

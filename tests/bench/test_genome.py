@@ -132,13 +132,17 @@ def test_whole_chromosomes_train_windows_then_whole_chromosomes_for_the_same_tok
                         "--steps", "6", "--whole-steps", "2", "--results", str(tmp_path / "other.json"))
 
 
-def test_the_mixers_have_about_the_same_parameters_at_the_default_size():
+@pytest.mark.parametrize("task", ["lm", "annotation"])
+def test_the_mixers_have_about_the_same_parameters_at_the_default_size(task):
+    """Causal Mamba stacks 2 x --depth blocks; BiMamba's blocks hold two Mamba layers, so --depth of them."""
     from genoflash.train.trainer import build_model
 
-    args = genome.parse_args(["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t"])
+    labels = ["--task", "annotation", "--bed", "f.bed", "--label-types", "CDS,tRNA"] if task == "annotation" else []
+    args = genome.parse_args(["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t", *labels])
     counts = {m: sum(p.numel() for p in build_model(genome.train_config(args, m, 4096, 1e-3, 0, "unused"))
                      .parameters()) for m in genome.MIXERS}
     assert max(counts.values()) < 1.1 * min(counts.values()), counts
+    assert genome.shape(args)["mamba_depth"] == (4 if task == "annotation" else 8)
 
 
 def test_the_annotation_task_reports_f1_per_class_beside_a_local_baseline(tmp_path):
@@ -166,6 +170,15 @@ def test_a_results_file_without_whole_runs_goes_on_when_whole_is_added():
     other = genome.shape(genome.parse_args([*base[:-1], "64,128,whole", "--whole-steps", "5"]))
     assert not genome.same_setup(with_whole, other)  # whole runs of another whole stage do not mix
     assert not genome.same_setup(before, genome.shape(genome.parse_args([*base, "--steps", "7"])))
+
+
+def test_files_from_before_the_shape_named_mambas_depth_resume_only_where_it_is_unchanged():
+    """Older files ran Mamba at 2 x --depth in both tasks: the LM's still matches, the annotation's not."""
+    base = ["--fasta", "g.fa", "--val-chroms", "v", "--test-chroms", "t"]
+    for task, same in (["lm"], True), (["annotation", "--bed", "f.bed", "--label-types", "CDS"], False):
+        now = genome.shape(genome.parse_args([*base, "--task", *task]))
+        older = {k: v for k, v in now.items() if k != "mamba_depth"}
+        assert genome.same_setup(older, now) is same
 
 
 def test_speed_times_one_training_step_per_mixer_and_context_without_training(tmp_path):
