@@ -565,9 +565,9 @@ def plot_speed(report: dict, path: Path) -> None:
                 ax.plot(r["seq_len"], r[key], "o", color=color,
                         markerfacecolor="none" if r["gradient_checkpointing"] else color)
     windows = sorted({r["tokens"] for r in report["rows"] if r["context"] != WHOLE})
-    per_step = f"{windows[0]:,} tokens a step" if len(windows) == 1 else "tokens a step vary"
+    per_step = f"{windows[0]:,} tokens a step" if len(windows) == 1 else "tokens a step vary" if windows else ""
     axes[0].set(yscale="log", ylabel="ms per training step",
-                title=f"training step, bf16 + AdamW ({per_step}; whole: 1 chromosome)")
+                title=f"training step, bf16 + AdamW ({per_step + '; ' if per_step else ''}whole: 1 chromosome)")
     axes[1].set(yscale="log", ylabel="tokens per second", title="throughput")
     axes[2].set(ylabel="peak GiB", title="peak memory of the step (hollow: checkpointed)")
     for ax in axes:
