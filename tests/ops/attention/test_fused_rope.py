@@ -51,7 +51,8 @@ def check(backend, device, batch, seqlen_q, seqlen_k, nheads, nheads_k, d, rotar
 @pytest.mark.parametrize("d,rotary_dim", [(64, 64), (64, 32), (40, 24), (96, 8)])
 def test_rotary_layouts_and_partial_dims(backend, interleaved, d, rotary_dim, device):
     torch.manual_seed(30)
-    check(backend, device, 2, 77, 77, 2, 2, d, rotary_dim, interleaved)
+    # one sequence under the interpreter (test_k_and_tables_go_by_tma_... rotates batches of 2 there)
+    check(backend, device, 2 if HAS_CUDA else 1, 77, 77, 2, 2, d, rotary_dim, interleaved)
 
 
 # The GPU tile configs depend on the head dims and on the tables' width in bytes (the tables

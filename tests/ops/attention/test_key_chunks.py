@@ -30,12 +30,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("seqlen_q,seqlen_k,nheads,nheads_k,d,dv", [
+# Under the interpreter (64-key chunks of two 32-key tiles) 150 keys still make three launches
+# (first, carried-through, last) with a partial last chunk, over query tiles the last of which is
+# partial, and two query heads share a key head; the GPU keeps its longer runs and four query heads.
+SHAPES = [
     (129, 300, 4, 2, 40, 24),   # GQA, Dv != D, odd lengths, seqlen_q < seqlen_k
     (300, 260, 2, 1, 32, 32),   # seqlen_q > seqlen_k: early queries see no key under causal
     (1, 129, 2, 2, 24, 24),     # one query
-])
+] if HAS_CUDA else [
+    (65, 150, 2, 1, 40, 24),    # GQA, Dv != D, odd lengths, seqlen_q < seqlen_k (two query tiles of 64)
+    (100, 70, 2, 1, 32, 32),    # seqlen_q > seqlen_k: early queries see no key under causal (two launches)
+    (1, 129, 2, 2, 24, 24),     # one query
+]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("seqlen_q,seqlen_k,nheads,nheads_k,d,dv", SHAPES)
 def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k, d, dv, device, monkeypatch):
     opts = dict(CASES[case])
     if opts.get("rope") and seqlen_q > seqlen_k:
@@ -74,7 +84,7 @@ def test_key_chunks_equal_one_launch(case, seqlen_q, seqlen_k, nheads, nheads_k,
             assert [flags[:2] for flags in launches] == [(False, False)]
     block_n = launches[0][2]
     n_launches = -(-seqlen_k // max(block_n, 64 // block_n * block_n))
-    assert n_launches >= 2
+    assert n_launches >= (3 if seqlen_k > 129 else 2)  # a carried-through middle launch where the keys allow
     assert [flags[:2] for flags in launches] == [(False, True)] + [(True, True)] * (n_launches - 2) + [(True, False)]
     for name, a, b in zip(["out", "lse", "dq", "dk", "dv"], *runs):
         assert not torch.isnan(a).any(), name

@@ -59,9 +59,14 @@ def check_varlen(backend, device, lens_q, lens_k, nheads, nheads_k, d, dv, dtype
     assert_within_rule(got, truth, same)
 
 
+# The long sequence crosses several tiles either way: 300 on the GPU, 130 under the interpreter
+# (64 x 32 tiles, where its cost grows as the square of the length).
+LONG = 300 if HAS_CUDA else 130
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("lens_q,lens_k", [([1, 17, 300, 5], [1, 17, 300, 5]), ([1, 17, 300, 5], [40, 3, 129, 5])],
+@pytest.mark.parametrize("lens_q,lens_k", [([1, 17, LONG, 5], [1, 17, LONG, 5]), ([1, 17, LONG, 5], [40, 3, 129, 5])],
                          ids=["same-lengths", "other-k-lengths"])
 def test_varlen(backend, lens_q, lens_k, causal, device):
     torch.manual_seed(10)
@@ -116,6 +121,9 @@ def test_gqa_with_the_group_split_over_dkdv_programs(nheads, nheads_k, heads_per
     summed afterwards), as the GPU takes it when there are few programs for the SMs; forced here.
     3 heads per split over a group of 8 leaves an uneven last share (3, 3, 2)."""
     torch.manual_seed(16)
+    # what is split is the query heads of a group; the lengths only need to end mid-tile (of the
+    # interpreter's 64 x 32 tiles there: 45 x 61)
+    seqlen_q, seqlen_k = (77, 91) if HAS_CUDA else (45, 61)
     kw = {"causal": dict(causal=True), "window": dict(window_size=(5, 20))}.get(features)
     if features == "rope-dropout":
         cos, sin = genoflash.rotary_tables(91, 32, device=device)
@@ -124,7 +132,7 @@ def test_gqa_with_the_group_split_over_dkdv_programs(nheads, nheads_k, heads_per
         if features == "rope-dropout":  # against the same call without the split: the mask is the kernel's own
             check_same_as_unsplit(device, nheads, nheads_k, **kw)
         else:
-            check_fixed("triton", device, 2, 77, 91, nheads, nheads_k, 32, 32, **kw)
+            check_fixed("triton", device, 2, seqlen_q, seqlen_k, nheads, nheads_k, 32, 32, **kw)
 
 
 @pytest.mark.parametrize("seqlen_q,seqlen_k,d,dv", [(1, 17, 40, 24), (17, 129, 40, 24)], ids=["q1-k17", "q17-k129"])
@@ -136,8 +144,10 @@ def test_group_split_at_odd_sizes(seqlen_q, seqlen_k, d, dv, device):
 
 
 def check_same_as_unsplit(device, nheads, nheads_k, **kw):
-    q, k = make((2, 91, nheads, 32), DTYPE, device), make((2, 91, nheads_k, 32), DTYPE, device)
-    v, dout = make((2, 91, nheads_k, 32), DTYPE, device), torch.randn(2, 91, nheads, 32, dtype=DTYPE, device=device)
+    # 91 keys on the GPU; 45 under the interpreter (two 32-key tiles, the second partial)
+    n = 91 if HAS_CUDA else 45
+    q, k = make((2, n, nheads, 32), DTYPE, device), make((2, n, nheads_k, 32), DTYPE, device)
+    v, dout = make((2, n, nheads_k, 32), DTYPE, device), torch.randn(2, n, nheads, 32, dtype=DTYPE, device=device)
     with genoflash.use_backend("triton"):
         split = outputs_and_grads(lambda a, b, c: genoflash.flash_attn_func(a, b, c, **kw), q, k, v, dout)
         with override_configs(dkdv_heads_per_split=nheads // nheads_k):
@@ -231,9 +241,9 @@ def test_channels_split_in_two_groups(path, device, monkeypatch):
             check_varlen("triton", device, [1, 17, 130, 5], [9, 17, 100, 2], 2, 1, 40, 40, **features)
         elif path.startswith("rope"):  # 56 channels: 16 rotate, the 40 others pass through as 32 + 16
             check_rope("triton", device, 2, 100, 129, 2, 1, 56, 16, path == "rope-interleaved", dv=40, **features)
-        else:
-            check_fixed("triton", device, 2, 129, 150, 4, 4 if path != "gqa-window-alibi-softcap" else 2, 40, 40,
-                        **features)
+        else:  # 65 queries in the interpreter (two of its 64-query tiles), 129 on the GPU
+            check_fixed("triton", device, 2, 129 if HAS_CUDA else 65, 150, 4,
+                        4 if path != "gqa-window-alibi-softcap" else 2, 40, 40, **features)
     names = {name for name, *_ in seen}
     assert names == {"_attn_fwd_kernel", "_attn_bwd_dq_kernel", "_attn_bwd_dkdv_kernel"}
     assert all(tuple(blocks) == (32, 16, 32, 16) for _, *blocks in seen), seen
@@ -295,9 +305,10 @@ def test_dkdv_pass_masking_every_tile(seqlen_q, seqlen_k, features, device, monk
 
     monkeypatch.setattr(backward, "launch", spy)
     torch.manual_seed(seqlen_q + seqlen_k)
-    q = make((2, seqlen_q, 2, 24), torch.float32, device)
-    k, v = (make((2, seqlen_k, 2, 24), torch.float32, device) for _ in range(2))
-    dout = torch.randn(2, seqlen_q, 2, 24, device=device)
+    batch = 2 if HAS_CUDA else 1  # which tiles are masked does not depend on the batch
+    q = make((batch, seqlen_q, 2, 24), torch.float32, device)
+    k, v = (make((batch, seqlen_k, 2, 24), torch.float32, device) for _ in range(2))
+    dout = torch.randn(batch, seqlen_q, 2, 24, device=device)
     runs = {}
     for every_tile in (False, True):
         bwd = BackwardConfig(TileConfig(16, 32), TileConfig(32, 16), dkdv_mask_every_tile=every_tile)

@@ -49,7 +49,8 @@ def outputs_and_grads(fn, inputs, dy):
 
 def assert_scan_within_rule(inputs, dy, fn=selective_scan_fn):
     """genoflash's error vs fp64 <= 2 x the same-dtype sequential recurrence's + eps, for the
-    output and the gradient of every tensor input."""
+    output and the gradient of every tensor input. Returns genoflash's (outputs, names) it checked,
+    so that a test comparing runs need not repeat this one (the interpreter is slow)."""
     with genoflash.use_backend("triton"):
         got, names = outputs_and_grads(fn, inputs, dy)
     same, _ = outputs_and_grads(selective_scan_reference, inputs, dy)
@@ -61,10 +62,17 @@ def assert_scan_within_rule(inputs, dy, fn=selective_scan_fn):
         err, err_same = (g.double() - t).abs().max().item(), (s.double() - t).abs().max().item()
         eps = EPS[g.dtype] * max(t.abs().max().item(), 1.0)
         assert err <= 2 * err_same + eps, f"{name}: error {err:.3e} > 2 x {err_same:.3e} + {eps:.1e}"
+    return got, names
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("batch,seqlen,dim,dstate", [(1, 1, 8, 16), (2, 17, 10, 5), (1, 129, 12, 16),
+# The interpreter's tile is (16 steps, 8 channels, next_power_of_2(dstate) states), its forward
+# steps one at a time and its scans run element by element: there the 129 steps take one partial
+# channel block and a whole state block of 4 (as 16 is; dstate 16 is in the grid at seqlen 1,
+# partial channel blocks after a whole one at seqlen 17, with a partial state block: 3 of 4 there,
+# 5 of 8 on the GPU); the GPU keeps (12, 16).
+@pytest.mark.parametrize("batch,seqlen,dim,dstate", [(1, 1, 8, 16), (2, 17, 10, 5 if HAS_CUDA else 3),
+                                                     (1, 129, 12, 16) if HAS_CUDA else (1, 129, 6, 4),
                                                      (2, 40, 3, 1), (1, 33, 9, 2), (1, 50, 5, 3)])
 def test_scan_matches_the_recurrence(batch, seqlen, dim, dstate, dtype, device):
     torch.manual_seed(seqlen + dim)
@@ -106,9 +114,13 @@ def test_forward_chunk_states(chunks_per_segment, layout, device):
     compiler), and no states."""
     torch.manual_seed(23 + (chunks_per_segment or 1))
     interpreted = device.type != "cuda"
-    batch, dim, dstate = 2, 20, 5
+    # Interpreter: 12 channels are a whole and a partial channel block of 8, 3 states a partial
+    # state block of 4 (the GPU's 20 and 5: its blocks are wider).
+    batch, dim, dstate = (2, 20, 5) if not interpreted else (2, 12, 3)
     chunk = recurrence.chunk_blocks(dim, dstate, interpreted)["CHUNK"]
-    seqlen = 7 * chunk + 3
+    # segments of three: 3 + 3 + 1 chunks on the GPU, 3 + 2 in the interpreter (whose forward steps
+    # one at a time); the last chunk partial either way
+    seqlen = (7 if not interpreted else 4) * chunk + 3
     inputs = {k: v.detach() if isinstance(v, torch.Tensor) else v
               for k, v in scan_inputs(batch, seqlen, dim, dstate, torch.float32, device).items()}
     if layout == "channels-first":
@@ -138,19 +150,20 @@ def test_atomic_backward_is_within_the_rule(device):
     interpreter, the last partial; 5 on the GPU), two chunks or more."""
     torch.manual_seed(11)
     dtype = torch.bfloat16 if HAS_CUDA else torch.float16
-    inputs = scan_inputs(2, 21, 20, 5, dtype, device)
+    dstate = 5 if HAS_CUDA else 3  # a partial state block either way (of 8 on the GPU, of 4 in the interpreter)
+    inputs = scan_inputs(2, 21, 20, dstate, dtype, device)
     dy = torch.randn(2, 21, 20, device=device, dtype=dtype)
+    fast, names = assert_scan_within_rule(inputs, dy, fn=atomic)
     with genoflash.use_backend("triton"):
-        fast, names = outputs_and_grads(atomic, inputs, dy)
         exact, _ = outputs_and_grads(selective_scan_fn, inputs, dy)
     for name, f, e in zip(names, fast, exact):  # the same sums in another order
         torch.testing.assert_close(f.float(), e.float(), rtol=2e-2, atol=2e-2, msg=name)
-    assert_scan_within_rule(inputs, dy, fn=atomic)
 
 
 def test_deterministic_backward_repeats_bit_for_bit(device):
     torch.manual_seed(12)
-    inputs = scan_inputs(1, 40, 20, 5, torch.float32, device)
+    # 20 channels (3 channel blocks in the interpreter); 3 states there, a partial state block as 5 is on the GPU
+    inputs = scan_inputs(1, 40, 20, 5 if HAS_CUDA else 3, torch.float32, device)
     dy = torch.randn(1, 40, 20, device=device)
     with genoflash.use_backend("triton"):
         first, names = outputs_and_grads(selective_scan_fn, inputs, dy)
@@ -163,9 +176,11 @@ def test_scan_over_many_chunks_without_extras(device):
     """Hundreds of steps cross more chunk boundaries than the one-level carry walk takes (the
     state and the adjoint carried across two levels; on the GPU, where chunks are longer, thousands)."""
     torch.manual_seed(3)
-    n, dim = (8000, 64) if HAS_CUDA else (289, 8)  # 19 chunks of 16 in the interpreter, the last partial
-    assert n > chunk_states._ONE_LEVEL_CHUNKS * recurrence.chunk_blocks(dim, 16, not HAS_CUDA)["CHUNK"]
-    inputs = scan_inputs(1, n, dim, 16, torch.float32, device, features=False)
+    # 19 chunks of 16 in the interpreter, the last partial; there 4 states (the carry walk is the
+    # same at any width, and the interpreter's scans cost in proportion to it), 16 on the GPU.
+    n, dim, dstate = (8000, 64, 16) if HAS_CUDA else (289, 8, 4)
+    assert n > chunk_states._ONE_LEVEL_CHUNKS * recurrence.chunk_blocks(dim, dstate, not HAS_CUDA)["CHUNK"]
+    inputs = scan_inputs(1, n, dim, dstate, torch.float32, device, features=False)
     assert_scan_within_rule(inputs, torch.randn(1, n, dim, device=device))
 
 
@@ -198,7 +213,8 @@ def test_scan_keeps_its_inputs_and_chunk_states_only(device):
     per (token, channel)) fails here."""
 
     torch.manual_seed(13)
-    batch, seqlen, dim, dstate = 2, 150, 12, 4
+    # 4 chunks in the interpreter (10 on the GPU): the core's output still outweighs the states
+    batch, seqlen, dim, dstate = 2, 150 if HAS_CUDA else 50, 12, 4
     inputs = scan_inputs(batch, seqlen, dim, dstate, torch.float16, device)
     input_storages = {t.untyped_storage().data_ptr() for t in inputs.values() if isinstance(t, torch.Tensor)}
     kept = {}
@@ -247,12 +263,13 @@ def test_scan_with_each_prologue_and_epilogue_part_alone(extra, device):
 
     torch.manual_seed(16)
     dim, dstate = 6, 4
+    batch = 2 if HAS_CUDA else 1  # the flags do not depend on the batch (every other test here takes 2)
     seqlen = 2 * recurrence.chunk_blocks(dim, dstate, interpreted=device.type != "cuda")["CHUNK"] + 3
-    inputs = scan_inputs(2, seqlen, dim, dstate, torch.float32, device, features=False)
+    inputs = scan_inputs(batch, seqlen, dim, dstate, torch.float32, device, features=False)
     if extra == "D":
         inputs["D"] = torch.randn(2 * dim, device=device).requires_grad_()[::2]
     elif extra in ("z", "z-view"):
-        z = torch.randn(2, seqlen, 2 * dim, device=device).requires_grad_()
+        z = torch.randn(batch, seqlen, 2 * dim, device=device).requires_grad_()
         inputs["z"] = z[..., dim:] if extra == "z-view" else z[..., dim:].detach().contiguous().requires_grad_()
     if "bias" in extra:
         # With the softplus: Mamba's initial range (dt from 1e-3 to 0.1, x = delta + bias down
@@ -263,7 +280,7 @@ def test_scan_with_each_prologue_and_epilogue_part_alone(extra, device):
         inputs["delta_bias"] = bias.requires_grad_()[1::2]
     if "softplus" in extra:
         inputs["delta_softplus"] = True
-    assert_scan_within_rule(inputs, torch.randn(2, seqlen, dim, device=device))
+    assert_scan_within_rule(inputs, torch.randn(batch, seqlen, dim, device=device))
 
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
@@ -276,11 +293,9 @@ def test_scan_backward_leaves_float32_inputs_untouched(with_bias, device):
         inputs["delta_bias"] = None
     before = {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     dy = torch.randn(2, 33, 6, device=device)
-    with genoflash.use_backend("triton"):
-        outputs_and_grads(selective_scan_fn, inputs, dy)
+    assert_scan_within_rule(inputs, dy)  # the triton forward and backward first, then the references
     for name, value in before.items():
         assert torch.equal(inputs[name].detach(), value), name
-    assert_scan_within_rule(inputs, dy)
 
 
 def test_flipped_reverse_scan_equals_the_reverse_scan(device, monkeypatch):
@@ -294,14 +309,13 @@ def test_flipped_reverse_scan_equals_the_reverse_scan(device, monkeypatch):
     inputs = scan_inputs(1, seqlen, 6, 4, torch.float32, device)
     dy = torch.randn(1, seqlen, 6, device=device)
     fn = selective_scan_fn
-    runs = {}
-    for flip in (False, True):
-        monkeypatch.setattr(recurrence, "FLIP_REVERSE_SCAN_IN_INTERPRETER", flip)
-        with genoflash.use_backend("triton"):
-            runs[flip], names = outputs_and_grads(fn, inputs, dy)
-    for name, a, b in zip(names, runs[False], runs[True]):
+    monkeypatch.setattr(recurrence, "FLIP_REVERSE_SCAN_IN_INTERPRETER", False)
+    with genoflash.use_backend("triton"):
+        reverse, names = outputs_and_grads(fn, inputs, dy)
+    monkeypatch.setattr(recurrence, "FLIP_REVERSE_SCAN_IN_INTERPRETER", True)
+    flipped, _ = assert_scan_within_rule(inputs, dy, fn=fn)  # the flipped form, within the rule
+    for name, a, b in zip(names, reverse, flipped):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert_scan_within_rule(inputs, dy, fn=fn)  # with the flipped form still on
 
 
 def _time_contiguous(t):
@@ -327,10 +341,13 @@ def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
         monkeypatch.setattr(recurrence, "FLIP_REVERSE_SCAN_IN_INTERPRETER", True)
     torch.manual_seed(17)
     dtype = (torch.bfloat16 if HAS_CUDA else torch.float16) if case.startswith("odd") else torch.float32
-    chunk = recurrence.chunk_blocks(20, 5, interpreted=device.type != "cuda")["CHUNK"]
+    # Interpreter: 12 channels, a whole and a partial block of 8; the state loop runs dstate times
+    # (3 there, whose steps are slow). The GPU: 20 channels (in one block of 64), 5 states.
+    dim, dstate = (20, 5) if HAS_CUDA else (12, 3)
+    chunk = recurrence.chunk_blocks(dim, dstate, interpreted=device.type != "cuda")["CHUNK"]
     # odd lengths end in a partial chunk (with "flipped": the zero padding of the reversed copy of C)
     seqlen = 1 if case == "one-step" else 3 * chunk + (5 if case.startswith("odd") or case.endswith("flipped") else 0)
-    inputs = scan_inputs(2, seqlen, 20, 5, dtype, device, features=case != "no-extras")
+    inputs = scan_inputs(2, seqlen, dim, dstate, dtype, device, features=case != "no-extras")
     if case.endswith("flipped"):  # B and C as a view of state-major float32 memory: taken without a copy
         inputs["B"], inputs["C"] = (_time_contiguous(inputs[name].float()) for name in ("B", "C"))
     for name in ("u", "delta", "z"):
@@ -339,9 +356,9 @@ def test_channels_first_kernels_within_the_rule(case, device, monkeypatch):
     if case == "bias-z-only":
         inputs["D"] = None
         inputs["delta_softplus"] = False
-        inputs["delta_bias"] = torch.rand(20, device=device).requires_grad_()
+        inputs["delta_bias"] = torch.rand(dim, device=device).requires_grad_()
     fn = atomic if case == "atomic" else selective_scan_fn
-    assert_scan_within_rule(inputs, torch.randn(2, seqlen, 20, device=device, dtype=dtype), fn=fn)
+    assert_scan_within_rule(inputs, torch.randn(2, seqlen, dim, device=device, dtype=dtype), fn=fn)
     assert calls == ["forward", "backward_channels_first"]
 
 
@@ -378,7 +395,7 @@ def test_mamba_block_triton_matches_torch_backend(device):
     """The block through the triton scan against the torch backend's recurrence: the block makes
     (batch, dim, seqlen) activations and the scan takes its state-loop backward."""
     torch.manual_seed(7)
-    block = Mamba(12, d_state=5).to(device)
+    block = Mamba(12, d_state=5 if HAS_CUDA else 3).to(device)  # a partial state block either way
     x = torch.randn(2, 45, 12, device=device, requires_grad=True)
     outs = []
     for backend in ("triton", "torch"):
@@ -398,8 +415,10 @@ def test_mamba_block_channels_first_is_the_channels_last_block(batch, seqlen, de
     triton backend in float32 against the torch backend's reference block in float64, output and
     every gradient."""
     torch.manual_seed(8)
-    ref_block = Mamba(32, d_state=4).to(device, torch.float64)
-    x = torch.randn(batch, seqlen, 32, device=device, dtype=torch.float64, requires_grad=True)
+    # In the interpreter 16 inner channels (2 blocks of 8) and dt_rank 2, as the GPU's Mamba(32) has
+    ref_block = (Mamba(32, d_state=4) if HAS_CUDA else Mamba(16, d_state=4, dt_rank=2, expand=1))
+    ref_block = ref_block.to(device, torch.float64)
+    x = torch.randn(batch, seqlen, ref_block.d_model, device=device, dtype=torch.float64, requires_grad=True)
     with genoflash.use_backend("torch"):
         ref = ref_block.forward_reference(x)
         ref_grads = torch.autograd.grad(ref.square().sum(), [x, *ref_block.parameters()])
