@@ -3,7 +3,9 @@
 The mixer comparison asks which model connects two elements as they move apart. Each run
 directory is what `genoflash demo --mixers G,L,H,M --out-dir DIR ...` wrote at one length
 (`tools/gpu_quality_ladder.sh` makes them); this collects their `summary.json` files into one
-table (a row per distance, a column per model) and one plot of accuracy against distance.
+table (a row per distance and seed, a column per model) and one plot: final accuracy against
+distance (each seed a point, the line through their mean) and, beside it, each model's held-out
+accuracy against the step (its `log.jsonl`), which tells "never learns" from "learns late".
 Only what the runs measured goes in: a model missing at a distance is left blank.
 
     genoflash bench quality RUN_DIR [RUN_DIR ...] [--out benchmarks/results] [--device "NVIDIA H200"]
@@ -15,10 +17,13 @@ import argparse
 import json
 from pathlib import Path
 
+from ..train.demo import MODELS
 from .common import RESULTS_DIR, device_name, pyplot, results_stem, run_metadata, save_figure, write_json
 
 # Per-model fields copied from each run's summary, and the run config fields that say what was trained.
 MODEL_FIELDS = ("accuracy", "auroc", "seconds", "layer_pattern")
+# The demo writes each model's log under a folder named by its layer letter.
+RUN_FOLDERS = {letter: folder for letter, (_, folder) in MODELS.items()}
 CONFIG_FIELDS = ("seq_len", "distance", "sites", "spacer", "steps", "batch_size", "grad_accum", "lr", "dim", "depth",
                  "window_size", "seed", "device")
 
@@ -44,25 +49,48 @@ def collect(run_dirs: list[Path]) -> list[dict]:
                 raise ValueError(f"{name} at distance {config.get('distance')} appears in more than one run "
                                  f"({', '.join(record['runs'])}): keep one")
             record["models"][name] = {k: rec.get(k) for k in MODEL_FIELDS}
-    return sorted(merged.values(), key=lambda r: (r["distance"], r["seq_len"], -(r["lr"] or 0)))
+            curve = eval_curve(Path(run_dir) / RUN_FOLDERS.get(rec.get("layer_pattern"), "-") / "log.jsonl")
+            if curve:
+                record["models"][name]["curve"] = curve
+    return sorted(merged.values(), key=lambda r: (r["distance"], r["seq_len"], -(r["lr"] or 0), str(r.get("seed"))))
+
+
+def eval_curve(log: Path) -> list[list[float]]:
+    """[[step, held-out accuracy], ...] from a run's log.jsonl (empty where there is none)."""
+    if not log.is_file():
+        return []
+    curve = []
+    for line in log.read_text().splitlines():
+        entry = json.loads(line) if line.strip() else {}
+        if isinstance(entry.get("eval"), dict) and "accuracy" in entry["eval"]:
+            curve.append([entry["step"], entry["eval"]["accuracy"]])
+    return curve
+
+
+def several_seeds(runs: list[dict]) -> bool:
+    return len({r.get("seed") for r in runs}) > 1
 
 
 def table(runs: list[dict]) -> str:
-    """Markdown: held-out accuracy per distance (rows) and model (columns)."""
+    """Markdown: held-out accuracy per distance (rows; a row per seed where the runs have several)
+    and model (columns)."""
     models = list(dict.fromkeys(name for r in runs for name in r["models"]))
-    lines = ["| distance | length | steps x batch | lr | " + " | ".join(models) + " |",
-             "|---" * (len(models) + 4) + "|"]
+    seeds = several_seeds(runs)
+    lines = ["| distance | length | steps x batch | lr | " + ("seed | " if seeds else "") + " | ".join(models) + " |",
+             "|---" * (len(models) + 4 + seeds) + "|"]
     for r in runs:
         cells = [f"{r['models'][m]['accuracy']:.3f}" if m in r["models"] else "" for m in models]
         batch = r["batch_size"] * (r["grad_accum"] or 1)
         lr = "" if r["lr"] is None else f"{r['lr']:g}"
         lines.append(f"| {r['distance']:,} | {r['seq_len']:,} | {r['steps']} x {batch} | {lr} | "
-                     + " | ".join(cells) + " |")
+                     + (f"{r.get('seed')} | " if seeds else "") + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    fig, ax = pyplot().subplots(figsize=(7, 4.5))
+    curves = any("curve" in m for r in runs for m in r["models"].values())
+    fig, axes = pyplot().subplots(1, 2 if curves else 1, figsize=(13 if curves else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
     # A line per (model, learning rate, step budget): runs at a second rate, or with more steps
     # than the shortest budget at their distance, are series of their own.
     several_lrs = len({r["lr"] for r in runs}) > 1
@@ -73,16 +101,35 @@ def plot(runs: list[dict], path: Path) -> None:
     def series(r: dict, model: str) -> tuple:
         return model, r["lr"] if several_lrs else None, r["steps"] / fewest[r["distance"]]
 
+    colours = {}
     for key in dict.fromkeys(series(r, name) for r in runs for name in r["models"]):
         model, lr, budget = key
         points = [(r["distance"], r["models"][model]["accuracy"]) for r in runs
                   if model in r["models"] and series(r, model) == key]
+        distances = sorted({d for d, _ in points})
+        # Each seed a point; the line joins the seeds' mean at each distance.
+        mean = [sum(a for d, a in points if d == x) / sum(1 for d, _ in points if d == x) for x in distances]
         label = model + (f", lr {lr:g}" if lr is not None else "") + (f", {budget:g}x steps" if budget != 1 else "")
-        ax.plot(*zip(*points), "o-", label=label)
+        line, = ax.plot(distances, mean, "s-", label=label + (" (seeds' mean)" if several_seeds(runs) else ""))
+        ax.plot(*zip(*points), "o", color=line.get_color(), alpha=0.6)
+        colours.setdefault(model, line.get_color())
     ax.axhline(0.5, color="grey", linestyle=":", label="chance")
     ax.set(xscale="log", xlabel="distance between the elements (bp)", ylabel="held-out accuracy", ylim=(0.3, 1.02),
-           title="synthetic long-range task")
+           title="synthetic long-range task: final accuracy")
     ax.legend(fontsize=7, loc="center right")
+    if curves:
+        ax = axes[0][1]
+        styles = ["-", "--", ":", "-."]
+        seeds = sorted({r.get("seed") for r in runs}, key=str)
+        for r in runs:
+            for model, rec in r["models"].items():
+                if "curve" in rec:
+                    ax.plot(*zip(*rec["curve"]), marker="o", markersize=3, color=colours.get(model),
+                            linestyle=styles[seeds.index(r.get("seed")) % len(styles)],
+                            label=f"{model}, {r['distance']:,} bp, seed {r.get('seed')}")
+        ax.axhline(0.5, color="grey", linestyle=":")
+        ax.set(xlabel="step", ylabel="held-out accuracy", ylim=(0.3, 1.02), title="learning curves")
+        ax.legend(fontsize=6, loc="center right", ncol=2 if len(runs) > 3 else 1)
     save_figure(fig, path)
 
 
@@ -96,7 +143,7 @@ def main(argv: list[str]) -> int:
     runs = collect(args.runs)
     # The metadata's device names the report: run where the demos ran (the ladder script does),
     # or say which with --device. Each run also records its own ("cuda" or "cpu").
-    metadata = run_metadata(method="held-out accuracy of `genoflash demo` runs, one seed each")
+    metadata = run_metadata(method="held-out accuracy of `genoflash demo` runs (each run's seed in its record)")
     if args.device:
         metadata.update(device=args.device, merged_on=device_name())
     report = {"metadata": metadata, "runs": runs}

@@ -246,13 +246,19 @@ def test_bench_ring_runs_on_gloo_ranks(tmp_path):
     assert path.with_suffix(".png").exists()
 
 
-def _demo_summary(run_dir, distance, seq_len, accuracies, lr=3e-3):
+def _demo_summary(run_dir, distance, seq_len, accuracies, lr=3e-3, seed=0, curves=None):
     run_dir.mkdir(parents=True)
-    summary = {name: {"accuracy": acc, "auroc": acc, "seconds": 1.0, "layer_pattern": name[0].upper()}
+    letters = {"full attention": "G", "local attention": "L", "Hyena": "H", "Mamba (BiMamba)": "M"}
+    summary = {name: {"accuracy": acc, "auroc": acc, "seconds": 1.0, "layer_pattern": letters[name]}
                for name, acc in accuracies.items()}
     summary["config"] = dict(seq_len=seq_len, distance=distance, sites=4, spacer=0, steps=10, batch_size=16,
-                             grad_accum=8, lr=lr, dim=128, depth=2, window_size=8, seed=0, device="cuda")
+                             grad_accum=8, lr=lr, dim=128, depth=2, window_size=8, seed=seed, device="cuda")
     (run_dir / "summary.json").write_text(json.dumps(summary))
+    # The demo's per-model logs, in the folder its layer letter names (train.demo.MODELS).
+    for folder, points in (curves or {}).items():
+        (run_dir / folder).mkdir()
+        lines = [{"step": 1, "loss": 0.7}] + [{"step": s, "eval": {"loss": 0.7, "accuracy": a}} for s, a in points]
+        (run_dir / folder / "log.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
 
 
 def test_bench_quality_tables_accuracy_against_distance(tmp_path, capsys):
@@ -284,6 +290,27 @@ def test_bench_quality_tables_accuracy_against_distance(tmp_path, capsys):
     assert merged.name.startswith("h200-") and json.loads(merged.read_text())["metadata"]["device"] == "NVIDIA H200"
     with pytest.raises(FileNotFoundError, match="summary.json"):
         quality.collect([tmp_path / "nowhere"])
+    # Three seeds of one rung: a row per seed, each model's learning curve from its log (a model
+    # without a log has none), and a plot of both.
+    for seed, acc in enumerate((1.0, 0.46, 0.97)):
+        _demo_summary(tmp_path / f"s{seed}", 1024, 2048, {"full attention": 1.0, "Mamba (BiMamba)": acc},
+                      seed=seed, curves={"full": [(5, 0.5), (10, 1.0)], "mamba": [(5, 0.46), (10, acc)]})
+    _demo_summary(tmp_path / "nolog", 4096, 8192, {"Hyena": 0.5}, seed=1)
+    capsys.readouterr()
+    assert cli_main(["bench", "quality", *(str(tmp_path / d) for d in ("s2", "s0", "s1", "nolog")),
+                     "--out", str(tmp_path / "seeds")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| distance | length | steps x batch | lr | seed | full attention | Mamba (BiMamba) | Hyena |"
+    assert rows[1:] == ["| 1,024 | 2,048 | 10 x 128 | 0.003 | 0 | 1.000 | 1.000 |  |",
+                        "| 1,024 | 2,048 | 10 x 128 | 0.003 | 1 | 1.000 | 0.460 |  |",
+                        "| 1,024 | 2,048 | 10 x 128 | 0.003 | 2 | 1.000 | 0.970 |  |",
+                        "| 4,096 | 8,192 | 10 x 128 | 0.003 | 1 |  |  | 0.500 |"]
+    [report] = (tmp_path / "seeds").glob("*-quality.json")
+    runs = json.loads(report.read_text())["runs"]
+    assert [r["seed"] for r in runs] == [0, 1, 2, 1]
+    assert runs[1]["models"]["Mamba (BiMamba)"]["curve"] == [[5, 0.46], [10, 0.46]]
+    assert runs[2]["models"]["full attention"]["curve"] == [[5, 0.5], [10, 1.0]]
+    assert "curve" not in runs[3]["models"]["Hyena"] and report.with_suffix(".png").stat().st_size > 0
     with pytest.raises(ValueError, match="more than one run"):
         quality.collect([tmp_path / "L2048-G,H", tmp_path / "L8192", tmp_path / "L2048-G,H"])
 
