@@ -390,7 +390,9 @@ def plot(report: dict, path: Path, args) -> None:
                     title="held-out chromosomes, per-base cross-entropy")
     axes[1].set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per step",
                 title=f"training step ({args.tokens_per_step:,} tokens"
-                + ("; whole: one chromosome)" if WHOLE in args.context_list else ")"))
+                + ("; whole: one chromosome)" if WHOLE in args.context_list else ")")
+                # Runs made side by side on one GPU (recorded in the metadata) did not time solo steps.
+                + ("\nshared GPU: not solo times (--speed times them)" if report["metadata"].get("shared_gpu") else ""))
     axes[2].set(xscale="log", xlabel="peak learning rate", ylabel="validation cross-entropy, bits (capped 2.5)",
                 title=f"learning-rate sweep at {args.sweep_context:,}")
     for ax in axes:
