@@ -6,6 +6,8 @@ directory is what `genoflash demo --mixers G,L,H,M --out-dir DIR ...` wrote at o
 table (a row per distance and seed, a column per model) and one plot: final accuracy against
 distance (each seed a point, the line through their mean) and, beside it, each model's held-out
 accuracy against the step (its `log.jsonl`), which tells "never learns" from "learns late".
+A `genoflash train --task synthetic` run directory counts too: one model trained with its own
+recipe (e.g. a paper's depth and learning-rate schedule), named by that recipe.
 Only what the runs measured goes in: a model missing at a distance is left blank.
 
     genoflash bench quality RUN_DIR [RUN_DIR ...] [--out benchmarks/results] [--device "NVIDIA H200"]
@@ -35,9 +37,13 @@ def collect(run_dirs: list[Path]) -> list[dict]:
     merged: dict[tuple, dict] = {}
     for run_dir in run_dirs:
         path = Path(run_dir) / "summary.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: is {run_dir} the --out-dir of a finished `genoflash demo`?")
-        summary = json.loads(path.read_text())
+        if not path.is_file() and (Path(run_dir) / "config.yaml").is_file():
+            summary = train_summary(Path(run_dir))
+        elif not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: is {run_dir} the --out-dir of a finished `genoflash demo` "
+                                    "(or of a `genoflash train --task synthetic`, with its config.yaml)?")
+        else:
+            summary = json.loads(path.read_text())
         if "config" not in summary:
             raise ValueError(f"{path} has no 'config': not a genoflash demo summary")
         config = summary.pop("config")
@@ -49,22 +55,52 @@ def collect(run_dirs: list[Path]) -> list[dict]:
                 raise ValueError(f"{name} at distance {config.get('distance')} appears in more than one run "
                                  f"({', '.join(record['runs'])}): keep one")
             record["models"][name] = {k: rec.get(k) for k in MODEL_FIELDS}
-            curve = eval_curve(Path(run_dir) / RUN_FOLDERS.get(rec.get("layer_pattern"), "-") / "log.jsonl")
+            if "recipe" in rec:  # a `genoflash train` run with its own recipe
+                record["models"][name]["recipe"] = rec["recipe"]
+            curve = rec.pop("curve", None) or eval_curve(
+                Path(run_dir) / RUN_FOLDERS.get(rec.get("layer_pattern"), "-") / "log.jsonl")
             if curve:
                 record["models"][name]["curve"] = curve
     return sorted(merged.values(), key=lambda r: (r["distance"], r["seq_len"], -(r["lr"] or 0), str(r.get("seed"))))
 
 
-def eval_curve(log: Path) -> list[list[float]]:
-    """[[step, held-out accuracy], ...] from a run's log.jsonl (empty where there is none)."""
+def train_summary(run_dir: Path) -> dict:
+    """A `genoflash train --task synthetic` run as a demo summary of one model. A model trained with
+    its own recipe (depth, feed-forward, learning rate and schedule) is named by it, and its record
+    leaves lr and depth blank, so it is a row of its own beside the demo's shared-recipe models."""
+    import yaml
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    if config.get("task") != "synthetic":
+        raise ValueError(f"{run_dir}: a genoflash train run of task {config.get('task')!r}, not 'synthetic'")
+    evals = evaluations(run_dir / "log.jsonl")
+    curve = [[step, e["accuracy"]] for step, e in evals]
+    if not curve or curve[-1][0] != config.get("steps"):
+        raise ValueError(f"{run_dir}: no held-out evaluation at the last step ({config.get('steps')}); "
+                         "is the run finished, with --eval-every dividing --steps?")
+    pattern = str(config.get("layer_pattern", ""))
+    letters = set(pattern)
+    name = MODELS[pattern[0]][0] if len(letters) == 1 and pattern[0] in MODELS else f"layers {pattern}"
+    schedule = f"lr {config['lr']:g}" + (f" to {config['min_lr']:g}" if config.get("min_lr") != config["lr"] else "")
+    ffn = config.get("ffn_mult")
+    recipe = f"{config.get('depth')} blocks{', no feed-forward' if ffn == 0 else ''}, {schedule}"
+    model = {"accuracy": evals[-1][1]["accuracy"], "auroc": evals[-1][1].get("auroc"), "seconds": None,
+             "layer_pattern": pattern[:1], "curve": curve, "recipe": recipe}
+    return {f"{name} ({recipe})": model, "config": {**{k: config.get(k) for k in CONFIG_FIELDS}, "lr": None,
+                                                     "depth": None}}
+
+
+def evaluations(log: Path) -> list[tuple[int, dict]]:
+    """[(step, held-out evaluation), ...] from a run's log.jsonl (empty where there is none)."""
     if not log.is_file():
         return []
-    curve = []
-    for line in log.read_text().splitlines():
-        entry = json.loads(line) if line.strip() else {}
-        if isinstance(entry.get("eval"), dict) and "accuracy" in entry["eval"]:
-            curve.append([entry["step"], entry["eval"]["accuracy"]])
-    return curve
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [(e["step"], e["eval"]) for e in entries if isinstance(e.get("eval"), dict) and "accuracy" in e["eval"]]
+
+
+def eval_curve(log: Path) -> list[list[float]]:
+    """[[step, held-out accuracy], ...] from a run's log.jsonl (empty where there is none)."""
+    return [[step, e["accuracy"]] for step, e in evaluations(log)]
 
 
 def several_seeds(runs: list[dict]) -> bool:

@@ -315,6 +315,37 @@ def test_bench_quality_tables_accuracy_against_distance(tmp_path, capsys):
         quality.collect([tmp_path / "L2048-G,H", tmp_path / "L8192", tmp_path / "L2048-G,H"])
 
 
+def test_bench_quality_reads_train_runs_with_their_own_recipe(tmp_path, capsys):
+    """A `genoflash train --task synthetic` run (a paper's depth and schedule) is one model named by
+    its recipe, in a row of its own, with its curve; an unfinished run and another task are refused."""
+    from genoflash.bench import quality
+    from genoflash.cli import main as cli_main
+
+    common = ["--task", "synthetic", "--dim", "16", "--nheads", "2", "--seq-len", "176", "--distance", "80",
+              "--sites", "4", "--spacer", "0", "--margin", "16", "--steps", "4", "--batch-size", "4",
+              "--eval-every", "2", "--eval-samples", "16", "--device", "cpu", "--no-progress"]
+    for seed in (0, 1):
+        assert cli_main(["train", *common, "--layer-pattern", "M", "--depth", "2", "--ffn-mult", "0", "--lr", "8e-3",
+                         "--seed", str(seed), "--out-dir", str(tmp_path / f"cad{seed}")]) == 0
+    _demo_summary(tmp_path / "demo", 80, 176, {"full attention": 1.0}, seed=0)
+    capsys.readouterr()
+    assert cli_main(["bench", "quality", str(tmp_path / "demo"), str(tmp_path / "cad1"), str(tmp_path / "cad0"),
+                     "--out", str(tmp_path / "out")]) == 0
+    name = "Mamba (BiMamba) (2 blocks, no feed-forward, lr 0.008 to 0.0003)"
+    header, _, *rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert header.endswith(f"| seed | full attention | {name} |") and len(rows) == 3
+    runs = json.loads(next((tmp_path / "out").glob("*-quality.json")).read_text())["runs"]
+    mine = [r for r in runs if name in r["models"]]
+    assert [r["seed"] for r in mine] == [0, 1] and all(r["lr"] is None for r in mine)
+    log = [json.loads(x) for x in (tmp_path / "cad0" / "log.jsonl").read_text().splitlines()]
+    assert mine[0]["models"][name]["curve"] == [[e["step"], e["eval"]["accuracy"]] for e in log if "eval" in e]
+    assert [step for step, _ in mine[0]["models"][name]["curve"]] == [2, 4]
+    with open(tmp_path / "cad0" / "config.yaml", "a") as f:
+        f.write("steps: 6\n")  # yaml: the last key wins, so the run now looks unfinished
+    with pytest.raises(ValueError, match="last step"):
+        quality.collect([tmp_path / "cad0"])
+
+
 def test_kernel_breakdown_reports_wall_time_beside_the_kernels():
     """`bench mixers --profile-seqlen`'s record of one layer: its op times (CPU here, CUDA kernels
     on the GPU) and the call's wall time beside their total, so that a host-bound layer shows."""
