@@ -7,7 +7,8 @@
 # Every (recipe, seed) is its own `genoflash train --task synthetic` run, side by side on the GPU;
 # then `genoflash bench quality` tables them with the demo ladder's runs given in LADDER_RUNS.
 #
-#   OUT=/some/dir SEEDS="0 1 2" LADDER_RUNS="dir1 dir2" bash tools/gpu_quality_recipes.sh [more train flags]
+#   OUT=/some/dir SEEDS="0 1 2" RECIPES="hyenadna caduceus" LADDER_RUNS="dir1 dir2" \
+#       bash tools/gpu_quality_recipes.sh [more train flags]
 # (DEVICE=cpu with small --steps, --seq-len, --distance ... overrides smoke-tests it on a CPU.)
 set -euo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -21,7 +22,7 @@ declare -A recipes=(
     [caduceus]="--layer-pattern M --depth 4 --ffn-mult 0 --lr 8e-3 --min-lr 3e-4"
 )
 pids=()
-for name in "${!recipes[@]}"; do
+for name in ${RECIPES:-${!recipes[@]}}; do
     for seed in ${SEEDS:-0 1 2}; do
         dir="$out/$name-seed$seed"
         # shellcheck disable=SC2086  # a recipe is a list of flags
