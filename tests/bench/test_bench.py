@@ -344,6 +344,10 @@ def test_bench_quality_reads_train_runs_with_their_own_recipe(tmp_path, capsys):
         f.write("steps: 6\n")  # yaml: the last key wins, so the run now looks unfinished
     with pytest.raises(ValueError, match="last step"):
         quality.collect([tmp_path / "cad0"])
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "config.yaml").write_text("task: lm\nsteps: 4\n")
+    with pytest.raises(ValueError, match="not 'synthetic'"):
+        quality.collect([tmp_path / "lm"])
 
 
 def test_kernel_breakdown_reports_wall_time_beside_the_kernels():
