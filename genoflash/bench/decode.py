@@ -16,7 +16,9 @@ provider runs on the same values in one process; times are medians of `triton.te
 Every output is compared with sdpa-flash's, or the first SDPA that ran (max abs difference).
 
 --sweep times the split kernel over tile shapes and split targets instead (decode.py's module
-constants), on the same cases: what decode.py's constants were chosen from.
+constants), on the same cases: what decode.py's constants were chosen from. Each round times every
+combination and then SDPA's cuDNN kernel (layout "sdpa-cudnn") on the same keys, so that close
+settings are compared inside one round and against the peer.
 Results: <out>/<gpu>-<date>-decode.json (or -decode-sweep.json) and a plot.
 """
 
@@ -130,9 +132,11 @@ def run_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, f
 
 
 def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, floor_gbps: float,
-               grid: dict) -> list[dict]:
+               grid: dict, rounds: int = 1) -> list[dict]:
     """The split kernel's time for every combination of DecodeConfig's fields in `grid`, on a
-    contiguous cache and on the same keys in shuffled pages."""
+    contiguous cache and on the same keys in shuffled pages, then SDPA cuDNN's, `rounds` times over."""
+    from torch.nn.attention import SDPBackend
+
     from ..ops.attention import decode
 
     torch.manual_seed(0)
@@ -142,21 +146,29 @@ def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int,
     floor_ms = 2 * k.numel() * k.element_size() / (floor_gbps * 1e9) * 1e3
     k_pages, v_pages, table = _paged(k, v)
     layouts = {"contiguous": (k, v, None), "paged": (k_pages, v_pages, table)}
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     rows = []
-    for values in itertools.product(*grid.values()):
-        config = dict(zip(grid, values))
-        with decode.use_config(**config):
-            for layout, (kc, vc, bt) in layouts.items():
-                r = _timed(lambda: decode.decode_attention(q, kc, vc, None, seqlen_k, softmax_scale=HEADDIM ** -0.5,
-                                                           block_table=bt))
-                r.pop("out", None)
-                row = {"case": name, "layout": layout, **config,
-                       "splits": decode.choose_splits(batch * nheads_k, seqlen_k, CUDA), **r}
-                if "ms" in r:
-                    row["pct_of_floor"] = 100 * floor_ms / r["ms"]
-                rows.append(row)
-                print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
-    q = k = v = k_pages = v_pages = None
+
+    def add(row: dict, r: dict) -> None:
+        r.pop("out", None)
+        row.update(r)
+        if "ms" in r:
+            row["pct_of_floor"] = 100 * floor_ms / r["ms"]
+        rows.append(row)
+        print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+
+    for round_ in range(rounds):
+        for values in itertools.product(*grid.values()):
+            config = dict(zip(grid, values))
+            with decode.use_config(**config):
+                for layout, (kc, vc, bt) in layouts.items():
+                    add({"case": name, "round": round_, "layout": layout, **config,
+                         "splits": decode.choose_splits(batch * nheads_k, seqlen_k, CUDA)},
+                        _timed(lambda: decode.decode_attention(q, kc, vc, None, seqlen_k,
+                                                               softmax_scale=HEADDIM ** -0.5, block_table=bt)))
+        add({"case": name, "round": round_, "layout": "sdpa-cudnn"},
+            _timed(lambda: _sdpa(SDPBackend.CUDNN_ATTENTION)(qs, ks, vs)))
+    q = k = v = k_pages = v_pages = qs = ks = vs = None
     layouts.clear()
     torch.cuda.empty_cache()
     return rows
@@ -203,10 +215,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sweep", action="store_true", help="time decode.py's constants instead of the providers")
     parser.add_argument("--grid", type=json.loads, default=None, help="--sweep: DecodeConfig fields and the "
                         "values to time, as JSON (default: the tile, warps, stages and programs per SM)")
+    parser.add_argument("--rounds", type=int, default=1, help="--sweep: times each combination is timed, "
+                        "the combinations interleaved")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if args.grid is not None:
         check_grid(parser, args.grid)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if not torch.cuda.is_available():
         print("genoflash bench decode needs a CUDA GPU", flush=True)
         return 2
@@ -219,9 +235,9 @@ def main(argv: list[str]) -> int:
     if args.sweep:
         grid = args.grid or {"block_n": [32, 64], "num_warps": [2, 4], "num_stages": [2, 3, 4],
                              "programs_per_sm": [2, 3, 4, 6]}
-        rows = [row for c in args.cases.split(",") for row in sweep_case(c, *CASES[c], floor_gbps, grid)]
+        rows = [row for c in args.cases.split(",") for row in sweep_case(c, *CASES[c], floor_gbps, grid, args.rounds)]
         path = Path(f"{results_stem(args.out, metadata, 'decode-sweep')}.json")
-        write_json(path, {"metadata": metadata, "grid": grid, "rows": rows})
+        write_json(path, {"metadata": metadata, "grid": grid, "rounds": args.rounds, "rows": rows})
         print(f"wrote {path}", flush=True)
         return 0
     report = {"metadata": metadata, "cases": []}

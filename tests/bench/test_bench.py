@@ -413,6 +413,12 @@ def test_bench_decode_grid_names_a_bad_field_before_any_gpu_work(grid, message, 
     assert message in capsys.readouterr().err
 
 
+def test_bench_decode_rounds_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "decode", "--sweep", "--rounds", "0"])
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
 def test_bench_decode_plot_reads_its_report(tmp_path):
     """The decode plot draws every provider's share of the floor from a report as run_case writes it."""
     from genoflash.bench.decode import plot

@@ -26,6 +26,9 @@ class LaunchConfig:
     """Warps and pipeline stages of a launch whose blocks are constexprs of its own (light passes)."""
     num_warps: int = 4
     num_stages: int = 3
+    # Programmatic dependent launch (sm_90+): the kernel may start while the one before it on the
+    # stream finishes, and must wait (gdc_wait) before it reads what that one wrote.
+    pdl: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 
 from ...backends import triton_interpreted
@@ -53,13 +54,16 @@ from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 class DecodeConfig:
     """The split kernel's tile and pipelining, and how finely a call splits its keys: splits are
     added until the grid holds `programs_per_sm` programs per SM, while each split keeps at least
-    `min_keys_per_split` keys, up to `max_splits`."""
+    `min_keys_per_split` keys, up to `max_splits`. `pdl`: where the GPU has programmatic dependent
+    launch (sm_90+), the combine kernel starts while the split kernel's last programs run, and
+    waits for them (gdc_wait) before it reads a part."""
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int = 4
     min_keys_per_split: int = 256
     max_splits: int = 128
+    pdl: bool = True
 
     @functools.cached_property
     def launch_config(self) -> LaunchConfig:
@@ -71,6 +75,7 @@ class DecodeConfig:
 DEFAULT_CONFIG = DecodeConfig()
 _config = DEFAULT_CONFIG
 COMBINE_CONFIG = LaunchConfig(num_warps=4, num_stages=1)
+COMBINE_CONFIG_PDL = dataclasses.replace(COMBINE_CONFIG, pdl=True)
 MAX_ROWS = 128  # query rows per KV head (seqlen_q x group) up to which decoding takes this path
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs: a small count still exercises the splits
 
@@ -96,7 +101,10 @@ def _decode_split_kernel(
     HAS_KEY_MASK: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     FAST_TANH: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
+    if LAUNCH_DEPENDENTS:  # the combine kernel may be scheduled now; it waits for this grid to finish
+        gdc_launch_dependents()
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -195,8 +203,11 @@ def _decode_split_kernel(
 @triton.jit
 def _combine_kernel(OutPart, LsePart, Out, Lse, batch, nheads, seqlen_q, num_splits,
                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-                    HEAD_DIM_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, STORE_LSE: tl.constexpr):
+                    HEAD_DIM_V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, STORE_LSE: tl.constexpr,
+                    WAIT_PRIOR: tl.constexpr):
     """One output row (b, head, i): the parts weighted by exp(lse_part - lse)."""
+    if WAIT_PRIOR:  # launched as a dependent of the split kernel: no part is read before it has finished
+        gdc_wait()
     r = tl.program_id(0)
     i = r % seqlen_q
     head = (r // seqlen_q) % nheads
@@ -219,6 +230,12 @@ def _combine_kernel(OutPart, LsePart, Out, Lse, batch, nheads, seqlen_q, num_spl
              mask=offs_dv < HEAD_DIM_V)
     if STORE_LSE:
         tl.store(Lse + b64 * stride_lb + head * stride_lh + i, lse)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_pdl(device_index: int) -> bool:
+    """Whether the device launches programmatic dependents (sm_90+; never the interpreter's CPU, -1)."""
+    return device_index >= 0 and not triton_interpreted() and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 @functools.lru_cache(maxsize=None)
@@ -264,8 +281,8 @@ def use_config(**changes):
 def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: int, device_index: int,
               cfg: DecodeConfig) -> tuple:
     """What a call's shapes fix, computed once per shape (a decoding step's host time counts):
-    the GQA group, the row block, the grid's last two axes, the most useful split count, and the
-    fresh output's and LSE's strides."""
+    the GQA group, the row block, the grid's last two axes, the most useful split count, the
+    fresh output's and LSE's strides, and whether the combine is a programmatic dependent."""
     group = nheads // nheads_k
     rows = rows_per_kv_head(seqlen_q, nheads, nheads_k)
     block_m = max(16, min(64, next_power_of_2(rows)))  # tl.dot takes 16 rows at least
@@ -273,13 +290,14 @@ def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: 
     out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
     lse_strides = (nheads * seqlen_q, seqlen_q)
     return (group, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index), cfg),
-            out_strides, lse_strides)
+            out_strides, lse_strides, cfg.pdl and _has_pdl(device_index))
 
 
 @functools.lru_cache(maxsize=256)
 def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, has_seqlens: bool, has_leftpad: bool,
                       has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool, has_left: bool, has_right: bool,
-                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int) -> dict:
+                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int,
+                      pdl: bool) -> dict:
     """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
     counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
     return dict(
@@ -290,7 +308,7 @@ def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, ha
         PAGED=paged, HAS_KEY_MASK=has_mask, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi,
         FAST_TANH=dtype != torch.float32 and not triton_interpreted(), SPLIT=split,
-        STORE_LSE=store_lse, INPUT_PRECISION=input_precision(dtype),
+        STORE_LSE=store_lse, INPUT_PRECISION=input_precision(dtype), LAUNCH_DEPENDENTS=split and pdl,
     )
 
 
@@ -332,7 +350,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[3]
         q_ints, cache_ints = q_stride[:3], (*k_stride[:3], *v_stride[:3])
     cfg = _config
-    group, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides = _geometry(
+    group, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides, pdl = _geometry(
         batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device(), cfg)
     if num_splits <= 0:
         num_splits = _split_count(most_splits, max_seqlen_k, cfg)
@@ -396,12 +414,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     def launches():
         launch(_decode_split_kernel, grid, cfg.launch_config,
                *_split_pointers(q, k_cache, v_cache, out, lse_out, out_part, lse_part, optional, out),
-               *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind, cfg.block_n))
+               *cache_ints, *ints, max_seqlen_k, *tail, **_split_constexprs(*kind, cfg.block_n, pdl))
         if split:
-            launch(_combine_kernel, (n_lse,), COMBINE_CONFIG, out_part, lse_part, out, lse_out,
-                   batch, nheads, seqlen_q, num_splits, *out_strides, *lse_strides,
+            launch(_combine_kernel, (n_lse,), COMBINE_CONFIG_PDL if pdl else COMBINE_CONFIG, out_part, lse_part, out,
+                   lse_out, batch, nheads, seqlen_q, num_splits, *out_strides, *lse_strides,
                    HEAD_DIM_V=headdim_v, BLOCK_S=max(2, next_power_of_2(num_splits)),
-                   BLOCK_DV=max(16, next_power_of_2(headdim_v)), STORE_LSE=return_lse)
+                   BLOCK_DV=max(16, next_power_of_2(headdim_v)), STORE_LSE=return_lse, WAIT_PRIOR=pdl)
 
     with launcher.record_launches() if key is not None else contextlib.nullcontext() as recorded:
         launches() if fast else launcher.without_fast_launch(launches)  # the setting off: triton's own launcher

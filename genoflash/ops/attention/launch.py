@@ -280,7 +280,8 @@ def launch(kernel, grid: tuple, cfg: LaunchConfig, *args, **constexprs) -> None:
         for flag, value in asked.items():  # after a fallback, every TMA path is off
             constexprs[flag] = value and tma
         try:
-            compiled = kernel[grid](*args, num_warps=cfg.num_warps, num_stages=stages, **constexprs)
+            compiled = kernel[grid](*args, num_warps=cfg.num_warps, num_stages=stages,
+                                    **({"launch_pdl": True} if getattr(cfg, "pdl", False) else {}), **constexprs)
         except OutOfResources:  # raised before the kernel runs: nothing was written
             if stages <= 1:
                 raise

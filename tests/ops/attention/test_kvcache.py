@@ -346,3 +346,24 @@ def test_decoding_steps_equal_the_usual_launches_bit_for_bit(dtype, d):
                 else:
                     assert got_lse is None
     assert len(decode._steps) > steps_before
+
+
+@pytest.mark.gpu
+def test_the_combine_launched_as_a_dependent_answers_as_a_plain_launch():
+    """On sm_90+ the combine kernel is a programmatic dependent of the split kernel
+    (DecodeConfig.pdl): it may start before the split kernel ends, and waits for it (gdc_wait)
+    before reading a part. Fresh queries every step, so a combine that read parts before they were
+    written (stale ones from the step before, in the allocator's reused scratch) would differ."""
+    from genoflash.ops.attention import decode
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    torch.manual_seed(16)
+    k, v = (torch.randn(2, 65536, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for step in range(20):
+        q = torch.randn(2, 1, 16, 128, device="cuda", dtype=torch.bfloat16)
+        kw = dict(softmax_scale=128 ** -0.5, num_splits=0 if step % 2 else 64)
+        with decode.use_config(pdl=False):
+            want, want_lse = decode.decode_attention(q, k, v, None, 65536, **kw)
+        got, got_lse = decode.decode_attention(q, k, v, None, 65536, **kw)
+        assert torch.equal(got, want) and torch.equal(got_lse, want_lse), step
