@@ -246,15 +246,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _splits_for(programs: int, sms: int, cfg: DecodeConfig, paged: bool) -> int:
-    """The most parts per sequence worth having: enough programs for `programs_per_sm` on every SM
-    (a decoding step is a stream of K and V from HBM, and each SM needs loads from several programs
-    in flight). A contiguous cache takes as many as fit in those slots (rounded down): programs of
-    equal length, none left over to load some SMs more than the others. A paged one takes enough to
-    fill them (rounded up): its loads wait on a page lookup each, and more programs in flight pay.
-    Measured both ways in docs/design/decoding.md ("How many parts")."""
-    slots, programs = cfg.programs_per_sm * sms, max(programs, 1)
-    return max(1, min(cdiv(slots, programs) if paged else slots // programs, cfg.max_splits))
+def _splits_for(programs: int, sms: int, cfg: DecodeConfig) -> int:
+    """The most parts per sequence worth having: as many as fit `programs_per_sm` programs on every
+    SM (a decoding step is a stream of K and V from HBM, and each SM needs loads from several
+    programs in flight), rounded down, so that no program is left over to load some SMs more than
+    the others (docs/design/decoding.md, "How many parts")."""
+    return max(1, min(cfg.programs_per_sm * sms // max(programs, 1), cfg.max_splits))
 
 
 def _split_count(most_splits: int, max_keys: int, cfg: DecodeConfig) -> int:
@@ -263,10 +260,10 @@ def _split_count(most_splits: int, max_keys: int, cfg: DecodeConfig) -> int:
     return max(1, min(most_splits, cdiv(max_keys, cfg.min_keys_per_split)))
 
 
-def choose_splits(programs: int, max_keys: int, device: torch.device, paged: bool = False) -> int:
+def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
     """Parts per sequence for a grid of `programs` (sequence, KV head, row block) programs."""
     sms = _sm_count(device.index or 0 if device.type == "cuda" else -1)
-    return _split_count(_splits_for(programs, sms, _config, paged), max_keys, _config)
+    return _split_count(_splits_for(programs, sms, _config), max_keys, _config)
 
 
 @contextlib.contextmanager
@@ -283,7 +280,7 @@ def use_config(**changes):
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: int, device_index: int,
-              paged: bool, cfg: DecodeConfig) -> tuple:
+              cfg: DecodeConfig) -> tuple:
     """What a call's shapes fix, computed once per shape (a decoding step's host time counts):
     the GQA group, the row block, the grid's last two axes, the most useful split count, the
     fresh output's and LSE's strides, and whether the combine is a programmatic dependent."""
@@ -293,7 +290,7 @@ def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: 
     grid_bh, grid_m = batch * nheads_k, cdiv(rows, block_m)
     out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
     lse_strides = (nheads * seqlen_q, seqlen_q)
-    return (group, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index), cfg, paged),
+    return (group, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index), cfg),
             out_strides, lse_strides, cfg.pdl and _has_pdl(device_index))
 
 
@@ -354,13 +351,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[3]
         q_ints, cache_ints = q_stride[:3], (*k_stride[:3], *v_stride[:3])
     cfg = _config
-    paged = block_table is not None
     group, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides, pdl = _geometry(
-        batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device(), paged, cfg)
+        batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device(), cfg)
     if num_splits <= 0:
         num_splits = _split_count(most_splits, max_seqlen_k, cfg)
     grid = (num_splits, grid_bh, grid_m)
     split = num_splits > 1
+    paged = block_table is not None
     mask = key_mask.view(torch.uint8) if key_mask is not None and key_mask.dtype == torch.bool else key_mask
     optional = (seqlens_k, leftpad, cache_rows, block_table, mask, alibi_slopes)
     # The split kernel's scalars in parameter order: the cache's strides (which grow with a cache in
