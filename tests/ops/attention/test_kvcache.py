@@ -367,3 +367,18 @@ def test_the_combine_launched_as_a_dependent_answers_as_a_plain_launch():
             want, want_lse = decode.decode_attention(q, k, v, None, 65536, **kw)
         got, got_lse = decode.decode_attention(q, k, v, None, 65536, **kw)
         assert torch.equal(got, want) and torch.equal(got_lse, want_lse), step
+
+
+@pytest.mark.parametrize("programs, splits", [(8, 66), (32, 16), (128, 4), (100, 5), (528, 1), (1024, 1)])
+def test_split_count_fits_programs_per_sm_rounded_down(programs, splits):
+    """On a 132-SM GPU at 4 programs per SM (528 slots), a grid of `programs` (sequence, KV head)
+    pairs gets the most parts that fit the slots, never more (a part more would leave some SMs a
+    program more than the rest: docs/design/decoding.md, "How many parts"); at least one part; and
+    no part shorter than min_keys_per_split."""
+    from genoflash.ops.attention import decode
+
+    cfg = decode.DEFAULT_CONFIG
+    most = decode._splits_for(programs, 132, cfg)
+    assert most == splits and most * programs <= max(cfg.programs_per_sm * 132, programs)
+    assert decode._split_count(most, 1_000_000, cfg) == splits
+    assert decode._split_count(most, 3 * cfg.min_keys_per_split, cfg) == min(splits, 3)

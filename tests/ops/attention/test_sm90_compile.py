@@ -94,3 +94,41 @@ def test_gluon_forward_compiles_for_sm90_without_spills(case):
     assert len(lines) == 1, out.stdout
     assert "spill-stores 0" in lines[0] and "WGMMA-SERIALIZED" not in lines[0], lines[0]
     assert not any("_attn_fwd_kernel" in line for line in out.stdout.splitlines()), out.stdout
+
+
+_DECODE_PDL_SCRIPT = """
+import sys
+sys.path.insert(0, "tools")
+import offline_compile as oc
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+driver.set_active(oc._Sm90Driver())
+JITFunction.run = oc._compile_only
+import torch
+from genoflash.ops.attention import decode
+decode._has_pdl = lambda device_index: True  # CPU tensors stand in for an sm_90 device's
+q = torch.randn(1, 1, 32, 128, dtype=torch.bfloat16)
+k = torch.randn(1, 4096, 8, 128, dtype=torch.bfloat16)
+for pdl in (True, False):
+    with decode.use_config(pdl=pdl):
+        decode.decode_attention(q, k, k, None, 4096, softmax_scale=0.1, num_splits=4)
+for name, _, _, kernel in oc.COMPILED:
+    ptx = kernel.asm["ptx"]
+    print(name, kernel.metadata.launch_pdl, "griddepcontrol.launch_dependents" in ptx, "griddepcontrol.wait" in ptx)
+"""
+
+
+def test_decoding_combine_compiles_as_a_programmatic_dependent_on_sm90():
+    """With DecodeConfig.pdl (sm_90+) the split kernel signals its dependent early and the combine
+    kernel is launched with programmatic dependent launch and waits (griddepcontrol) before it reads
+    a part; with pdl off neither instruction is there and the combine is launched plainly."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", _DECODE_PDL_SCRIPT], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line.split() for line in out.stdout.splitlines() if line.startswith("_")]
+    assert lines == [["_decode_split_kernel", "False", "True", "False"],
+                     ["_combine_kernel", "True", "False", "True"],
+                     ["_decode_split_kernel", "False", "False", "False"],
+                     ["_combine_kernel", "False", "False", "False"]], out.stdout
