@@ -52,8 +52,8 @@ from .softmax import LOG2E_HOST, _finalize_softmax, _online_softmax_update
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """The split kernel's tile and pipelining, and how finely a call splits its keys: splits are
-    added until the grid holds `programs_per_sm` programs per SM, while each split keeps at least
+    """The split kernel's tile and pipelining, and how finely a call splits its keys: the most
+    splits whose grid fits `programs_per_sm` programs on every SM, while each split keeps at least
     `min_keys_per_split` keys, up to `max_splits`. `pdl`: where the GPU has programmatic dependent
     launch (sm_90+), the combine kernel starts while the split kernel's last programs run, and
     waits for them (gdc_wait) before it reads a part."""
