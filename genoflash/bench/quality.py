@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from ..train.demo import MODELS
+from ..train.trainer import LOG_NAME
 from .common import RESULTS_DIR, device_name, pyplot, results_stem, run_metadata, save_figure, write_json
 
 # Per-model fields copied from each run's summary, and the run config fields that say what was trained.
@@ -58,7 +59,7 @@ def collect(run_dirs: list[Path]) -> list[dict]:
             if "recipe" in rec:  # a `genoflash train` run with its own recipe
                 record["models"][name]["recipe"] = rec["recipe"]
             curve = rec.pop("curve", None) or eval_curve(
-                Path(run_dir) / RUN_FOLDERS.get(rec.get("layer_pattern"), "-") / "log.jsonl")
+                Path(run_dir) / RUN_FOLDERS.get(rec.get("layer_pattern"), "-") / LOG_NAME)
             if curve:
                 record["models"][name]["curve"] = curve
     return sorted(merged.values(), key=lambda r: (r["distance"], r["seq_len"], -(r["lr"] or 0), str(r.get("seed"))))
@@ -73,8 +74,8 @@ def train_summary(run_dir: Path) -> dict:
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     if config.get("task") != "synthetic":
         raise ValueError(f"{run_dir}: a genoflash train run of task {config.get('task')!r}, not 'synthetic'")
-    evals = evaluations(run_dir / "log.jsonl")
-    curve = [[step, e["accuracy"]] for step, e in evals]
+    evals = evaluations(run_dir / LOG_NAME)
+    curve = accuracy_curve(evals)
     if not curve or curve[-1][0] != config.get("steps"):
         raise ValueError(f"{run_dir}: no held-out evaluation at the last step ({config.get('steps')}); "
                          "is the run finished, with --eval-every dividing --steps?")
@@ -98,9 +99,14 @@ def evaluations(log: Path) -> list[tuple[int, dict]]:
     return [(e["step"], e["eval"]) for e in entries if isinstance(e.get("eval"), dict) and "accuracy" in e["eval"]]
 
 
+def accuracy_curve(evals: list[tuple[int, dict]]) -> list[list[float]]:
+    """[[step, held-out accuracy], ...] from evaluations()."""
+    return [[step, e["accuracy"]] for step, e in evals]
+
+
 def eval_curve(log: Path) -> list[list[float]]:
     """[[step, held-out accuracy], ...] from a run's log.jsonl (empty where there is none)."""
-    return [[step, e["accuracy"]] for step, e in evaluations(log)]
+    return accuracy_curve(evaluations(log))
 
 
 def several_seeds(runs: list[dict]) -> bool:
