@@ -3,11 +3,13 @@ triton forward, SDPA's cuDNN backend, and flash-attn-4 where it is importable; f
 medians, all in one process, with each output's relative error against the first provider that ran
 the case among cuDNN and the triton forward.
 
-    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features]
+    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features | --rows]
     python benchmarks/experiments/attention/sm90_forward_ab.py --plot OUT.json   # OUT.png beside it
 
 The plain shapes are the flash-attn-4 comparison's; --features runs the feature paths (head dims
-96/192/256, Dv != D, softcap, ALiBi, a causal window at 256k, GQA causal at 128k). TF/s count the
+96/192/256, Dv != D, softcap, ALiBi, a causal window at 256k, GQA causal at 128k); --rows runs head
+dims up to 64 with the Gluon forward at three compute warpgroups (192 rows, its rule there) and at two
+(128 rows, "genoflash-2wg"). TF/s count the
 useful FLOPs, 2 (D + Dv) per visible (query, key) pair (so the standard formula for plain and
 causal attention), x3.5 with the backward. The JSON is rewritten after each case.
 """
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 import genoflash
 from genoflash.bench.common import FWD_BWD_OVER_FWD, median_ms, relative_error, run_metadata, tflops
 from genoflash.bench.features import visible_pairs
+from genoflash.ops.attention import forward_sm90
 from genoflash.ops.attention.configs import override_configs
 
 DEV = torch.device("cuda")
@@ -43,9 +46,14 @@ FEATURES = [
     (1, 32, 8, 131072, 128, 128, True, {}),
     (4, 16, 16, 4096, 64, 64, True, {}),
 ]
+ROWS = [
+    (1, 32, 32, 16384, 64, 64, False, {}), (1, 32, 32, 16384, 64, 64, True, {}),
+    (4, 16, 16, 4096, 64, 64, True, {}), (1, 32, 32, 16384, 32, 32, False, {}),
+    (1, 32, 8, 65536, 64, 64, True, {}),
+]
 
 
-def providers(causal, kw):
+def providers(causal, kw, two_warpgroups=False):
     def gf(q, k, v):  # the Gluon forward (and the default backward)
         with override_configs(sm90_forward=True):
             return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
@@ -62,7 +70,17 @@ def providers(causal, kw):
             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
                                                   enable_gqa=kt.shape[1] != qt.shape[1]).transpose(1, 2)
 
+    def gf_2wg(q, k, v):  # the Gluon forward with 128-row programs (two compute warpgroups) at any head dim
+        saved = forward_sm90.tiles
+        forward_sm90.tiles = lambda block_d, block_dv: (128, *saved(block_d, block_dv)[1:])
+        try:
+            return gf(q, k, v)
+        finally:
+            forward_sm90.tiles = saved
+
     out = {"genoflash": gf, "genoflash-triton": gf_triton, "cudnn": cudnn}
+    if two_warpgroups:
+        out["genoflash-2wg"] = gf_2wg
     try:
         from flash_attn.cute import flash_attn_func as fa4
 
@@ -77,7 +95,8 @@ def providers(causal, kw):
     return out
 
 
-LABELS = {"genoflash": "genoflash, Gluon forward", "genoflash-triton": "genoflash, triton forward",
+LABELS = {"genoflash": "genoflash, Gluon forward", "genoflash-2wg": "genoflash, Gluon forward, 128 rows",
+          "genoflash-triton": "genoflash, triton forward",
           "cudnn": "SDPA cuDNN", "fa4": "flash-attn-4"}
 
 
@@ -96,7 +115,7 @@ def plot(path: str) -> None:
 
     report = json.loads(Path(path).read_text())
     rows = report["rows"]
-    names = [n for n in ("genoflash", "genoflash-triton", "cudnn", "fa4")
+    names = [n for n in ("genoflash", "genoflash-2wg", "genoflash-triton", "cudnn", "fa4")
              if any("fwd_tflops" in r.get(n, {}) for r in rows)]
     plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(rows)), 7), sharex=True)
@@ -119,7 +138,8 @@ def main(argv):
     if argv[0] == "--plot":
         return plot(argv[1])
     path = argv[0]
-    cases = QUICK if "--quick" in argv else FEATURES if "--features" in argv else SHAPES
+    cases = (QUICK if "--quick" in argv else FEATURES if "--features" in argv else ROWS if "--rows" in argv
+             else SHAPES)
     rows = []
     for (b, h, hk, n, d, dv, causal, kw) in cases:
         torch.manual_seed(0)
@@ -134,7 +154,7 @@ def main(argv):
         flops = 2 * (d + dv) * visible_pairs(n, n, causal, window) * h * b
         rec = {"shape": [b, h, hk, n, d, dv], "causal": causal, **{key: str(val) for key, val in kw.items()}}
         ref = None
-        for name, fn in providers(causal, call_kw).items():
+        for name, fn in providers(causal, call_kw, "--rows" in argv).items():
             try:
                 with torch.no_grad():
                     out = fn(q, k, v)

@@ -7,8 +7,8 @@ compute. This kernel says what overlaps (docs/design/attention-forward-sm90.md):
 - 1 load warp (24 registers): Q once, then K and V tile by tile by TMA into a ring of NUM_STAGES
   buffers, each K and V with a barrier of its own (`k_ready`, `v_ready`), refilled once the compute
   warps release it (`k_empty`, `v_empty`: K once S is computed, V once P V is);
-- 2 compute warpgroups (4 warps each, 64 query rows each, 240 registers a thread), each a
-  partition of its own; per key tile j,
+- 2 compute warpgroups (4 warps each, 64 query rows each, 240 registers a thread), or 3 (160
+  registers) at head dims up to 64 (`tiles`), each a partition of its own; per key tile j,
 
       wait for this warpgroup's turn
       issue S_j = Q K_j^T             (async wgmma)
@@ -18,7 +18,7 @@ compute. This kernel says what overlaps (docs/design/attention-forward-sm90.md):
       wait O; release V_{j-1}; O *= alpha_j
 
   so the exponentials of one tile run under the previous tile's PV matmul and under the other
-  warpgroup's matmuls (ping-pong: the turns keep the two from issuing at once).
+  warpgroups' matmuls (ping-pong, round robin with three: the turns keep them from issuing at once).
 
 One program owns BLOCK_M query rows of one head; the grid runs the row blocks heaviest-first
 (causal row blocks near the bottom see the most keys). Keys are read for the band the rows can
@@ -57,7 +57,7 @@ from .kernel_args import alibi_pointer, lse_layout
 from .launch import launch
 from .softmax import LN2, LOG2E_HOST  # LN2: lse from base 2 to natural log
 
-BLOCK_M = 128  # query rows per program: two warpgroups of 64 (wgmma's rows per warpgroup)
+ROWS = 64  # query rows per compute warpgroup (wgmma's rows per warpgroup)
 # Of the 227 KB an sm_90 block may take: 2 K/V stages at head dim 128 (a third, at 226 KB, was
 # 1-2% slower on the H100: the design note's "Measurements"), 3 at 64.
 SMEM_BYTES = 220 * 1024
@@ -67,15 +67,18 @@ MAX_STAGES = 3
 LAUNCH = LaunchConfig(num_warps=4, num_stages=1)
 
 
-def tiles(block_d: int, block_dv: int) -> tuple[int, int]:
-    """(keys per tile, K/V stages in the ring) for padded head dims: 128 keys where the output
-    accumulator leaves registers for a 128-wide S (64 x Dv float32 per warpgroup, 64 x BLOCK_N for
-    S), else 64; then as many stages as shared memory holds beside Q (and O's own buffer where its
-    box differs from Q's)."""
+def tiles(block_d: int, block_dv: int) -> tuple[int, int, int]:
+    """(query rows, keys per tile, K/V stages in the ring) for padded head dims. Rows: three compute
+    warpgroups (192 rows) up to 64 channels, where the softmax sets the pace and each warpgroup's
+    exponentials then run under two others' matmuls; two (128) above, where three would not have the
+    registers for a 64 x Dv float32 accumulator. Keys: 128 where the output accumulator leaves
+    registers for a 128-wide S (64 x Dv float32 per warpgroup, 64 x BLOCK_N for S), else 64. Then as
+    many stages as shared memory holds beside Q (and O's own buffer where its box differs from Q's)."""
+    block_m = 3 * ROWS if max(block_d, block_dv) <= 64 else 2 * ROWS
     block_n = 128 if max(block_d, block_dv) <= 128 else 64
-    fixed = BLOCK_M * block_d * 2 + (BLOCK_M * block_dv * 2 if block_dv != block_d else 0)
+    fixed = block_m * block_d * 2 + (block_m * block_dv * 2 if block_dv != block_d else 0)
     stages = min(MAX_STAGES, (SMEM_BYTES - fixed) // (block_n * (block_d + block_dv) * 2))
-    return block_n, stages
+    return block_m, block_n, stages
 
 
 @gluon.jit
@@ -104,14 +107,16 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k
 
 @gluon.jit
 def _await_turn(turn, t, WG: gl.constexpr):
-    """Ping-pong: warpgroup WG may issue its t-th round of matmuls once the other has issued its
-    own (WG 0 goes first). A fresh barrier passes a wait for parity 1, so WG 0's first wait does."""
-    mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
+    """Ping-pong (round robin over the compute warpgroups): warpgroup WG may issue its t-th round of
+    matmuls once the one before it has issued its own, WG 0 after the last one's round t - 1. turn[WG]
+    completes a phase per pass to WG, so WG > 0 waits for its (t + 1)-th and WG 0 for its t-th; a
+    fresh barrier passes a wait for parity 1, so WG 0's first wait does."""
+    mbarrier.wait(turn.index(WG), (t & 1) ^ (1 if WG == 0 else 0))
 
 
 @gluon.jit
-def _pass_turn(turn, WG: gl.constexpr):
-    mbarrier.arrive(turn.index(1 - WG))
+def _pass_turn(turn, WG: gl.constexpr, NUM_Q: gl.constexpr):
+    mbarrier.arrive(turn.index((WG + 1) % NUM_Q))
 
 
 @gluon.jit
@@ -162,7 +167,7 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2):
 def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
                            LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles,
                            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2, softcap_in,
-                           softcap_out, alibi_to_raw, WG: gl.constexpr, ROWS: gl.constexpr,
+                           softcap_out, alibi_to_raw, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: gl.constexpr,
                            BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                            HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
@@ -206,7 +211,7 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
         _await_turn(turn, 0, WG)
         s_tok = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-        _pass_turn(turn, WG)
+        _pass_turn(turn, WG, NUM_Q)
         s = warpgroup_mma_wait(0, deps=[s_tok])
         mbarrier.arrive(k_empty.index(0))  # K_0 is read
         if (n_lo < full_lo) | (n_lo + BLOCK_N > full_hi):
@@ -227,7 +232,7 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
             s_tok = warpgroup_mma(q_tile, k_smem.index(stage).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             o_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-            _pass_turn(turn, WG)
+            _pass_turn(turn, WG, NUM_Q)
             # wgmma groups complete in order: the one left outstanding is O's, so S_j has landed.
             s = warpgroup_mma_wait(1, deps=[s_tok])
             mbarrier.arrive(k_empty.index(stage))  # K_j is read; V_{j-1}'s P V may still run
@@ -249,7 +254,7 @@ def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_rea
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         _await_turn(turn, n_tiles, WG)
         o_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-        _pass_turn(turn, WG)
+        _pass_turn(turn, WG, NUM_Q)
         acc = warpgroup_mma_wait(0, deps=[o_tok])
         mbarrier.arrive(v_empty.index(last))
 
@@ -278,9 +283,9 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
                           BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                           HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
-    # Two compute warpgroups of BLOCK_M / 2 rows each; q_desc's and o_desc's boxes are one's rows.
-    NUM_Q: gl.constexpr = 2
-    ROWS: gl.constexpr = BLOCK_M // NUM_Q
+    # Compute warpgroups of 64 rows each (2 or 3, `tiles`); q_desc's and o_desc's boxes are one's rows.
+    ROWS: gl.constexpr = 64
+    NUM_Q: gl.constexpr = BLOCK_M // ROWS
     # Heaviest row blocks first: with a causal or right-bounded band the last rows see the most
     # keys, and a short one left for the end fills the tail of the grid.
     pid_m = num_m_blocks - 1 - gl.program_id(0)
@@ -307,14 +312,14 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     else:
         o_smem = gl.allocate_shared_memory(dtype, [NUM_Q] + o_desc.block_type.shape, o_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_Q, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [NUM_Q, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(NUM_Q):
         mbarrier.init(q_bar.index(w), count=1)
-    for i in gl.static_range(2):
+    for i in gl.static_range(NUM_Q):
         mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -323,20 +328,44 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
         mbarrier.init(k_empty.index(i), count=NUM_Q)
         mbarrier.init(v_empty.index(i), count=NUM_Q)
     fence_async_shared()
-    gl.warp_specialize([
-        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+    # Registers (65,536 a block): 240 for each of two compute warpgroups, 160 for each of three; the
+    # load warp's warpgroup gives its own back (24 or 32). (A partition's arguments are spelled out:
+    # a tuple variable would turn its constexprs into tensors.)
+    if NUM_Q == 2:
+        gl.warp_specialize([
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                                   o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
                                   n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                  softcap_in, softcap_out, alibi_to_raw, 0, ROWS, BLOCK_D, BLOCK_DV,
+                                  softcap_in, softcap_out, alibi_to_raw, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
                                   BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-        (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                                   o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
                                   n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                  softcap_in, softcap_out, alibi_to_raw, 1, ROWS, BLOCK_D, BLOCK_DV,
+                                  softcap_in, softcap_out, alibi_to_raw, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
                                   BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-        (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+            (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
-    ], [4, 1], [240, 24])
+        ], [4, 1], [240, 24])
+    else:
+        gl.warp_specialize([
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
+                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                  softcap_in, softcap_out, alibi_to_raw, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
+                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
+                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                  softcap_in, softcap_out, alibi_to_raw, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
+                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
+                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
+                                  softcap_in, softcap_out, alibi_to_raw, 2, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
+                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                               v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
+        ], [4, 4, 1], [160, 160, 32])
 
 
 def padded(head_dim: int) -> int:
@@ -369,20 +398,20 @@ def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
     block_d, block_dv = padded(head_dim), padded(head_dim_v)
-    block_n, stages = tiles(block_d, block_dv)
+    block_m, block_n, stages = tiles(block_d, block_dv)
     out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
     lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, batch, False, q.device)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scale = a.softmax_scale
-    num_m_blocks = cdiv(seqlen_q, BLOCK_M)
-    rows = BLOCK_M // 2  # one compute warpgroup's
+    num_m_blocks = cdiv(seqlen_q, block_m)
+    rows = ROWS  # one compute warpgroup's
     launch(_attn_fwd_sm90_kernel, (num_m_blocks, batch * nheads), LAUNCH,
            _tile_descriptor(q, rows, block_d), _tile_descriptor(k, block_n, block_d),
            _tile_descriptor(v, block_n, block_dv), _tile_descriptor(out, rows, block_dv), lse, alibi,
            stride_lse_b, stride_lse_h, stride_alibi_b, nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks,
            a.window_left, a.window_right, scale * LOG2E_HOST, scale / a.softcap if a.softcap > 0 else 0.0,
            a.softcap / scale if a.softcap > 0 else 0.0, 1.0 / scale,
-           BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=stages,
+           BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
            HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
            HAS_ALIBI=a.alibi_slopes is not None)
     return out, lse
