@@ -367,11 +367,13 @@ def sm90_forward_allowed(head_dim: int, head_dim_v: int) -> bool:
 def sm90_forward_preferred(head_dim: int, head_dim_v: int) -> bool:
     """The Gluon forward's measured ground (docs/design/attention-forward-sm90.md, "Measurements";
     H100, all providers in one process): the wider head dim in (64, 128], where it ran at
-    1.04-1.17x the triton forward (96, padded to 128, included), or exactly 256 (1.17x). At 64 and
-    below it ties or trails (0.97-1.00x); over 128 but under 256 the padding to 256 halves its key
-    tile, and it trailed the triton forward's channel groups (0.92x at 192, 0.97x at (64, 192))."""
+    1.04-1.17x the triton forward (96, padded to 128, included); (32, 64], padded to 64, where its
+    three compute warpgroups ran at 1.01-1.22x ("Three warpgroups at head dim 64"); or exactly 256
+    (1.17x). At 32 and below it trails (0.95x with two warpgroups); over 128 but under 256 the
+    padding to 256 halves its key tile, and it trailed the triton forward's channel groups (0.92x
+    at 192, 0.97x at (64, 192))."""
     wide = max(head_dim, head_dim_v)
-    return 64 < wide <= 128 or wide == 256
+    return 32 < wide <= 128 or wide == 256
 
 
 @contextlib.contextmanager

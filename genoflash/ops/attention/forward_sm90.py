@@ -8,7 +8,7 @@ compute. This kernel says what overlaps (docs/design/attention-forward-sm90.md):
   buffers, each K and V with a barrier of its own (`k_ready`, `v_ready`), refilled once the compute
   warps release it (`k_empty`, `v_empty`: K once S is computed, V once P V is);
 - 2 compute warpgroups (4 warps each, 64 query rows each, 240 registers a thread), or 3 (160
-  registers) at head dims up to 64 (`tiles`), each a partition of its own; per key tile j,
+  registers) where the head dims pad to 64 (`tiles`), each a partition of its own; per key tile j,
 
       wait for this warpgroup's turn
       issue S_j = Q K_j^T             (async wgmma)
@@ -69,12 +69,13 @@ LAUNCH = LaunchConfig(num_warps=4, num_stages=1)
 
 def tiles(block_d: int, block_dv: int) -> tuple[int, int, int]:
     """(query rows, keys per tile, K/V stages in the ring) for padded head dims. Rows: three compute
-    warpgroups (192 rows) up to 64 channels, where the softmax sets the pace and each warpgroup's
-    exponentials then run under two others' matmuls; two (128) above, where three would not have the
-    registers for a 64 x Dv float32 accumulator. Keys: 128 where the output accumulator leaves
+    warpgroups (192 rows) at 64 channels, where the softmax sets the pace and each warpgroup's
+    exponentials then run under two others' matmuls (1.06-1.16x two at head dim 64 on the H100; at 32,
+    0.55x: docs/design/attention-forward-sm90.md, "Three warpgroups at head dim 64"); else two (128).
+    Keys: 128 where the output accumulator leaves
     registers for a 128-wide S (64 x Dv float32 per warpgroup, 64 x BLOCK_N for S), else 64. Then as
     many stages as shared memory holds beside Q (and O's own buffer where its box differs from Q's)."""
-    block_m = 3 * ROWS if max(block_d, block_dv) <= 64 else 2 * ROWS
+    block_m = 3 * ROWS if max(block_d, block_dv) == 64 else 2 * ROWS
     block_n = 128 if max(block_d, block_dv) <= 128 else 64
     fixed = block_m * block_d * 2 + (block_m * block_dv * 2 if block_dv != block_d else 0)
     stages = min(MAX_STAGES, (SMEM_BYTES - fixed) // (block_n * (block_d + block_dv) * 2))

@@ -193,7 +193,8 @@ def test_dispatch_rule():
     # Taken by default where it was measured faster (configs.sm90_forward_preferred), else where
     # override_configs says.
     preferred = {(128, 128): True, (96, 96): True, (128, 64): True, (80, 112): True, (256, 256): True,
-                 (64, 64): False, (32, 32): False, (192, 192): False, (64, 192): False, (256, 128): True}
+                 (64, 64): True, (48, 40): True, (32, 32): False, (16, 32): False, (192, 192): False,
+                 (64, 192): False, (256, 128): True}
     for (d, dv), want in preferred.items():
         assert configs.sm90_forward_allowed(d, dv) == want, (d, dv)
         with override_configs(sm90_forward=not want):
@@ -203,3 +204,17 @@ def test_dispatch_rule():
         if ON_SM90:
             g = [t.cuda() for t in tensors(d, dv)]
             assert forward_sm90.applies(*g, plain) == want, (d, dv)
+
+
+@pytest.mark.parametrize("d, dv, rows, keys, stages", [
+    (64, 64, 192, 128, 3), (48, 64, 192, 128, 3), (32, 32, 128, 128, 3), (16, 16, 128, 128, 3),
+    (128, 128, 128, 128, 2), (128, 64, 128, 128, 3), (64, 128, 128, 128, 3), (256, 256, 128, 64, 2),
+])
+def test_tiles_per_padded_head_dims(d, dv, rows, keys, stages):
+    """Three compute warpgroups (192 rows) exactly where the head dims pad to 64, two elsewhere; the
+    ring's stages fill the shared memory budget beside Q and never exceed it."""
+    block_d, block_dv = forward_sm90.padded(d), forward_sm90.padded(dv)
+    got = forward_sm90.tiles(block_d, block_dv)
+    assert got == (rows, keys, stages)
+    fixed = rows * block_d * 2 + (rows * block_dv * 2 if block_dv != block_d else 0)
+    assert fixed + stages * keys * (block_d + block_dv) * 2 <= forward_sm90.SMEM_BYTES
