@@ -72,9 +72,9 @@ def tiles(block_d: int, block_dv: int) -> tuple[int, int, int]:
     warpgroups (192 rows) at 64 channels, where the softmax sets the pace and each warpgroup's
     exponentials then run under two others' matmuls (1.06-1.16x two at head dim 64 on the H100; at 32,
     0.55x: docs/design/attention-forward-sm90.md, "Three warpgroups at head dim 64"); else two (128).
-    Keys: 128 where the output accumulator leaves
-    registers for a 128-wide S (64 x Dv float32 per warpgroup, 64 x BLOCK_N for S), else 64. Then as
-    many stages as shared memory holds beside Q (and O's own buffer where its box differs from Q's)."""
+    Keys: 128 where the output accumulator leaves registers for a 128-wide S (64 x Dv float32 per
+    warpgroup, 64 x BLOCK_N for S), else 64. Then as many stages as shared memory holds beside Q (and
+    O's own buffer where its box differs from Q's)."""
     block_m = 3 * ROWS if max(block_d, block_dv) == 64 else 2 * ROWS
     block_n = 128 if max(block_d, block_dv) <= 128 else 64
     fixed = block_m * block_d * 2 + (block_m * block_dv * 2 if block_dv != block_d else 0)
