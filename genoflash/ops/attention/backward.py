@@ -65,7 +65,8 @@ def _say_once_why_hopper_runs_two_passes(device) -> None:
 
 @triton.jit
 def _attn_bwd_dkdv_tiles(dka, dkb, dkp, dkt, dv, dvt, ka, kb, kp, kt, v, vt, q_base, do_base, lse_base, delta_base,
-                         stride_qm, stride_dom, q_desc, qt_desc, off_b, off_h, start_n, lo, mid_lo, mid_hi, hi, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                         stride_qm, stride_dom, q_desc, qt_desc, off_b, off_h, start_n, lo, mid_lo, mid_hi, hi,
+                         seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
                          softcap_in, softcap_out, slope_raw, COS, SIN, stride_rot, bh, dropout_seed,
                          dropout_offset, dropout_threshold, dropout_rescale,
                          HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,

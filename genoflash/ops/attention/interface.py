@@ -179,10 +179,11 @@ def flash_attn_func(
             sum in no fixed order, so two backward passes may differ in the last bits. On an H200
             (sm_90) the backward of 16-bit attention with head dim 64, 128 or 256, fixed lengths,
             full or causal, without dropout, RoPE, ALiBi or softcap, from 512 (hd64: 1,024; causal
-            1,024, hd64 causal 2,048, hd256 causal 512) queries or keys on, with room for a float32 dQ accumulator,
-            then runs as one pass in Gluon (ops/attention/backward_sm90.py); everything else, and True everywhere, runs the two
-            triton passes, which write every gradient element from one program, without atomics,
-            so that two backward passes are bitwise equal. (The triton one-pass form, with dQ
+            1,024, hd64 causal 2,048, hd256 causal 512) queries or keys on, with room for a float32
+            dQ accumulator, then runs as one pass in Gluon (ops/attention/backward_sm90.py);
+            everything else, and True everywhere, runs the two triton passes, which write every
+            gradient element from one program, without atomics, so that two backward passes are
+            bitwise equal. (The triton one-pass form, with dQ
             summed in its dK/dV pass, is taken only where the tile table says so: nowhere on the
             H200, where it was slower.) The torch and reference backends are deterministic either way.
         return_attn_probs: flash-attn's testing output: returns (out, lse, S_dmask), S_dmask the
@@ -259,8 +260,8 @@ def flash_attn_varlen_func(
                          f"{cu_seqlens_k.shape[0] - 1}")
     args = attention_args(q, lengths_q, lengths_k, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, rotary_cos, rotary_sin, rotary_interleaved, dropout_seed, dropout_offset,
-                           deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                           max_seqlen_k=max_seqlen_k)
+                           deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     return _run(q, k, v, args, return_lse, return_attn_probs)
 
 
