@@ -165,15 +165,16 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2):
 
 
 @gluon.jit
-def _fwd_compute_partition(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc,
-                           LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles,
-                           seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2, softcap_in,
-                           softcap_out, alibi_to_raw, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: gl.constexpr,
+def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: gl.constexpr,
                            BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                            HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """One compute warpgroup (4 warps), which owns the ROWS query rows from m0 + WG * ROWS and takes
-    turns with the other to issue its matmuls. See the module docstring for the step."""
+    turns with the others to issue its matmuls. See the module docstring for the step. `shared`: what
+    every compute partition takes alike (buffers, barriers, descriptors, the program's coordinates)."""
+    (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, ALIBI,
+     stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles, seqlen_q, seqlen_k, diag,
+     window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw) = shared
     dtype: gl.constexpr = q_smem.dtype
     BLOCK_M: gl.constexpr = ROWS  # this partition's rows
     m0 = m0 + WG * ROWS
@@ -329,43 +330,34 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
         mbarrier.init(k_empty.index(i), count=NUM_Q)
         mbarrier.init(v_empty.index(i), count=NUM_Q)
     fence_async_shared()
+    # What every compute partition takes alike (a tuple of runtime values; the constexprs are passed
+    # apart, since a tuple would turn them into tensors).
+    shared = (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, ALIBI,
+              stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles, seqlen_q, seqlen_k, diag,
+              window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw)
     # Registers (65,536 a block): 240 for each of two compute warpgroups, 160 for each of three; the
-    # load warp's warpgroup gives its own back (24 or 32). (A partition's arguments are spelled out:
-    # a tuple variable would turn its constexprs into tensors.)
+    # load warp's warpgroup gives its own back (24 or 32).
     if NUM_Q == 2:
         gl.warp_specialize([
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
-                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                  softcap_in, softcap_out, alibi_to_raw, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
-                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
-                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                  softcap_in, softcap_out, alibi_to_raw, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
-                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                               v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
+                                   v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N,
+                                   NUM_STAGES)),
         ], [4, 1], [240, 24])
     else:
         gl.warp_specialize([
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
-                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                  softcap_in, softcap_out, alibi_to_raw, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
-                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
-                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                  softcap_in, softcap_out, alibi_to_raw, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
-                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
-            (_fwd_compute_partition, (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                                  o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0,
-                                  n_lo, n_tiles, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale_log2,
-                                  softcap_in, softcap_out, alibi_to_raw, 2, NUM_Q, ROWS, BLOCK_D, BLOCK_DV,
-                                  BLOCK_N, NUM_STAGES, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+            (_fwd_compute_partition, (shared, 2, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                               v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N, NUM_STAGES)),
+                                   v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N,
+                                   NUM_STAGES)),
         ], [4, 4, 1], [160, 160, 32])
 
 
