@@ -32,10 +32,10 @@ applies them (score_mods.py).
 
 Taken where it applies (`applies`): sm_90, 16-bit, fixed lengths, no RoPE or dropout, TMA-aligned
 tensors, and configs.sm90_forward_allowed: by default at the head dims where it beat the triton
-forward (the wider one in (64, 128], or 256; the design note's "Measurements"). Everything else
-runs forward.py. Not under the Triton interpreter (it has no Gluon): CPU tests check the dispatch
-rule and compile the kernel for sm_90 (tests/ops/attention/test_sm90_compile.py); the GPU tests
-run it.
+forward (the wider one in (32, 128], or 256; the design note's "Measurements" and "Three
+warpgroups at head dim 64"). Everything else runs forward.py. Not under the Triton interpreter (it
+has no Gluon): CPU tests check the dispatch rule and compile the kernel for sm_90
+(tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
 """
 
 from __future__ import annotations
