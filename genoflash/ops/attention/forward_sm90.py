@@ -282,11 +282,11 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
                           nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks, window_left, window_right,
                           qk_scale_log2, softcap_in, softcap_out, alibi_to_raw,
                           BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr, BLOCK_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
-                          HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                          ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                          HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                          HAS_ALIBI: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
-    # Compute warpgroups of 64 rows each (2 or 3, `tiles`); q_desc's and o_desc's boxes are one's rows.
-    ROWS: gl.constexpr = 64
+    # Compute warpgroups of ROWS rows each (2 or 3, `tiles`); q_desc's and o_desc's boxes are one's rows.
     NUM_Q: gl.constexpr = BLOCK_M // ROWS
     # Heaviest row blocks first: with a causal or right-bounded band the last rows see the most
     # keys, and a short one left for the end fills the tail of the grid.
@@ -397,14 +397,13 @@ def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scale = a.softmax_scale
     num_m_blocks = cdiv(seqlen_q, block_m)
-    rows = ROWS  # one compute warpgroup's
     launch(_attn_fwd_sm90_kernel, (num_m_blocks, batch * nheads), LAUNCH,
-           _tile_descriptor(q, rows, block_d), _tile_descriptor(k, block_n, block_d),
-           _tile_descriptor(v, block_n, block_dv), _tile_descriptor(out, rows, block_dv), lse, alibi,
+           _tile_descriptor(q, ROWS, block_d), _tile_descriptor(k, block_n, block_d),  # Q and O: one warpgroup's rows
+           _tile_descriptor(v, block_n, block_dv), _tile_descriptor(out, ROWS, block_dv), lse, alibi,
            stride_lse_b, stride_lse_h, stride_alibi_b, nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks,
            a.window_left, a.window_right, scale * LOG2E_HOST, scale / a.softcap if a.softcap > 0 else 0.0,
            a.softcap / scale if a.softcap > 0 else 0.0, 1.0 / scale,
-           BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
+           BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, ROWS=ROWS, BLOCK_N=block_n, NUM_STAGES=stages,
            HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
            HAS_ALIBI=a.alibi_slopes is not None)
     return out, lse
