@@ -3,13 +3,14 @@ triton forward, SDPA's cuDNN backend, and flash-attn-4 where it is importable; f
 medians, all in one process, with each output's relative error against the first provider that ran
 the case among cuDNN and the triton forward.
 
-    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features | --rows]
+    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features | --rows | --turns]
     python benchmarks/experiments/attention/sm90_forward_ab.py --plot OUT.json   # OUT.png beside it
 
 The plain shapes are the flash-attn-4 comparison's; --features runs the feature paths (head dims
 96/192/256, Dv != D, softcap, ALiBi, a causal window at 256k, GQA causal at 128k); --rows runs head
 dims up to 64 with the Gluon forward at three compute warpgroups (192 rows, its rule there) and at two
-(128 rows, "genoflash-2wg"). TF/s count the
+(128 rows, "genoflash-2wg"); --turns runs the quick shapes with the warpgroups' turns passed by named
+barriers (the default) and by shared-memory barriers ("genoflash-mbar-turns"). TF/s count the
 useful FLOPs, 2 (D + Dv) per visible (query, key) pair (so the standard formula for plain and
 causal attention), x3.5 with the backward. The JSON is rewritten after each case.
 """
@@ -53,7 +54,7 @@ ROWS = [
 ]
 
 
-def providers(causal, kw, two_warpgroups=False):
+def providers(causal, kw, two_warpgroups=False, turns=False):
     def gf(q, k, v):  # the Gluon forward (and the default backward)
         with override_configs(sm90_forward=True):
             return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
@@ -78,7 +79,17 @@ def providers(causal, kw, two_warpgroups=False):
         finally:
             forward_sm90.tiles = saved
 
+    def gf_mbar_turns(q, k, v):  # the Gluon forward with its turns passed by shared-memory barriers
+        saved = forward_sm90.NAMED_TURNS
+        forward_sm90.NAMED_TURNS = False
+        try:
+            return gf(q, k, v)
+        finally:
+            forward_sm90.NAMED_TURNS = saved
+
     out = {"genoflash": gf, "genoflash-triton": gf_triton, "cudnn": cudnn}
+    if turns:
+        out = {"genoflash": gf, "genoflash-mbar-turns": gf_mbar_turns, "cudnn": cudnn}
     if two_warpgroups:
         out["genoflash-2wg"] = gf_2wg
     try:
@@ -138,8 +149,8 @@ def main(argv):
     if argv[0] == "--plot":
         return plot(argv[1])
     path = argv[0]
-    cases = (QUICK if "--quick" in argv else FEATURES if "--features" in argv else ROWS if "--rows" in argv
-             else SHAPES)
+    modes = {"--turns": QUICK + [ROWS[0]], "--quick": QUICK, "--features": FEATURES, "--rows": ROWS}
+    cases = next((shapes for flag, shapes in modes.items() if flag in argv), SHAPES)
     rows = []
     for (b, h, hk, n, d, dv, causal, kw) in cases:
         torch.manual_seed(0)
@@ -154,7 +165,7 @@ def main(argv):
         flops = 2 * (d + dv) * visible_pairs(n, n, causal, window) * h * b
         rec = {"shape": [b, h, hk, n, d, dv], "causal": causal, **{key: str(val) for key, val in kw.items()}}
         ref = None
-        for name, fn in providers(causal, call_kw, "--rows" in argv).items():
+        for name, fn in providers(causal, call_kw, "--rows" in argv, "--turns" in argv).items():
             try:
                 with torch.no_grad():
                     out = fn(q, k, v)

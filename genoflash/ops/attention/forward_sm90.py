@@ -106,6 +106,33 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k
         tma.async_copy_global_to_shared(v_desc, [off_b, n0, off_hk, 0], v_ready.index(stage), v_smem.index(stage))
 
 
+# Named barriers 8.. pass the turns (ids below 8 are left to the compiler's own barriers).
+TURN_BARRIER = gl.constexpr(8)
+NAMED_TURNS = True  # A/B switch under measurement (sm90_forward_ab.py --turns)
+
+
+@gluon.jit
+def _named_barrier(op: gl.constexpr, bar_id):
+    """`bar.sync` or `bar.arrive` on named barrier `bar_id` for 256 threads (two warpgroups: one
+    arrives, the other waits), executed once by each thread of the calling warpgroup."""
+    one_per_thread: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    ids = gl.full([128], bar_id, gl.int32, one_per_thread)
+    gl.inline_asm_elementwise(op + " $1, 256; mov.u32 $0, 0;", "=r,r", [ids], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _await_turn_named(t, WG: gl.constexpr):
+    """Ping-pong by named barriers (bar.sync here meets the previous warpgroup's bar.arrive in
+    hardware; no spin on a shared-memory barrier, no warpgroup-wide sync before an arrive)."""
+    _named_barrier("bar.sync", TURN_BARRIER + WG)
+
+
+@gluon.jit
+def _pass_turn_named(WG: gl.constexpr, NUM_Q: gl.constexpr):
+    _named_barrier("bar.arrive", TURN_BARRIER + (WG + 1) % NUM_Q)
+
+
 @gluon.jit
 def _await_turn(turn, t, WG: gl.constexpr):
     """Ping-pong (round robin over the compute warpgroups): warpgroup WG may issue its t-th round of
@@ -168,7 +195,8 @@ def _softmax_step(s, m_i, l_i, qk_scale_log2):
 def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: gl.constexpr,
                            BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
-                           HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                           HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+                           NAMED: gl.constexpr):
     """One compute warpgroup (4 warps), which owns the ROWS query rows from m0 + WG * ROWS and takes
     turns with the others to issue its matmuls. See the module docstring for the step. `shared`: what
     every compute partition takes alike (buffers, barriers, descriptors, the program's coordinates)."""
@@ -205,15 +233,23 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
         full_lo = gl.maximum(full_lo, m0 + BLOCK_M - 1 + diag - window_left)
     if HAS_RIGHT:  # ... up to the first row's right edge
         full_hi = gl.minimum(full_hi, m0 + diag + window_right + 1)
+    if NAMED and WG == NUM_Q - 1:  # the last warpgroup's turn passes to warpgroup 0 before the first round
+        _pass_turn_named(WG, NUM_Q)
     mbarrier.wait(q_bar.index(WG), 0)
 
     if n_tiles > 0:
         # Tile 0: S_0 and its softmax; P_0 V_0 is issued in the next step (or after the loop).
         mbarrier.wait(k_ready.index(0), 0)
-        _await_turn(turn, 0, WG)
+        if NAMED:
+            _await_turn_named(0, WG)
+        else:
+            _await_turn(turn, 0, WG)
         s_tok = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-        _pass_turn(turn, WG, NUM_Q)
+        if NAMED:
+            _pass_turn_named(WG, NUM_Q)
+        else:
+            _pass_turn(turn, WG, NUM_Q)
         s = warpgroup_mma_wait(0, deps=[s_tok])
         mbarrier.arrive(k_empty.index(0))  # K_0 is read
         if (n_lo < full_lo) | (n_lo + BLOCK_N > full_hi):
@@ -230,11 +266,17 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
             mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-            _await_turn(turn, j, WG)
+            if NAMED:
+                _await_turn_named(j, WG)
+            else:
+                _await_turn(turn, j, WG)
             s_tok = warpgroup_mma(q_tile, k_smem.index(stage).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             o_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-            _pass_turn(turn, WG, NUM_Q)
+            if NAMED:
+                _pass_turn_named(WG, NUM_Q)
+            else:
+                _pass_turn(turn, WG, NUM_Q)
             # wgmma groups complete in order: the one left outstanding is O's, so S_j has landed.
             s = warpgroup_mma_wait(1, deps=[s_tok])
             mbarrier.arrive(k_empty.index(stage))  # K_j is read; V_{j-1}'s P V may still run
@@ -254,9 +296,15 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
         last = (n_tiles - 1) % NUM_STAGES
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NUM_STAGES) & 1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
-        _await_turn(turn, n_tiles, WG)
+        if NAMED:
+            _await_turn_named(n_tiles, WG)
+        else:
+            _await_turn(turn, n_tiles, WG)
         o_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-        _pass_turn(turn, WG, NUM_Q)
+        if NAMED:
+            _pass_turn_named(WG, NUM_Q)
+        else:
+            _pass_turn(turn, WG, NUM_Q)
         acc = warpgroup_mma_wait(0, deps=[o_tok])
         mbarrier.arrive(v_empty.index(last))
 
@@ -284,7 +332,7 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
                           BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr, BLOCK_M: gl.constexpr,
                           ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                          HAS_ALIBI: gl.constexpr):
+                          HAS_ALIBI: gl.constexpr, NAMED: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     # Compute warpgroups of ROWS rows each (2 or 3, `tiles`); q_desc's and o_desc's boxes are one's rows.
     NUM_Q: gl.constexpr = BLOCK_M // ROWS
@@ -340,9 +388,9 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     if NUM_Q == 2:
         gl.warp_specialize([
             (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
             (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                    v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N,
                                    NUM_STAGES)),
@@ -350,11 +398,11 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     else:
         gl.warp_specialize([
             (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
             (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
             (_fwd_compute_partition, (shared, 2, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                    v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N,
                                    NUM_STAGES)),
@@ -405,5 +453,5 @@ def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
            a.softcap / scale if a.softcap > 0 else 0.0, 1.0 / scale,
            BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, ROWS=ROWS, BLOCK_N=block_n, NUM_STAGES=stages,
            HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
-           HAS_ALIBI=a.alibi_slopes is not None)
+           HAS_ALIBI=a.alibi_slopes is not None, NAMED=NAMED_TURNS)
     return out, lse
