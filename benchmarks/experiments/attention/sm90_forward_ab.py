@@ -3,20 +3,24 @@ triton forward, SDPA's cuDNN backend, and flash-attn-4 where it is importable; f
 medians, all in one process, with each output's relative error against the first provider that ran
 the case among cuDNN and the triton forward.
 
-    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features | --rows | --turns]
+    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features | --rows | --turns |
+                                                                          --varlen]
     python benchmarks/experiments/attention/sm90_forward_ab.py --plot OUT.json   # OUT.png beside it
 
 The plain shapes are the flash-attn-4 comparison's; --features runs the feature paths (head dims
 96/192/256, Dv != D, softcap, ALiBi, a causal window at 256k, GQA causal at 128k); --rows runs head
 dims up to 64 with the Gluon forward at three compute warpgroups (192 rows, its rule there) and at two
 (128 rows, "genoflash-2wg"); --turns runs the quick shapes with the warpgroups' turns passed by named
-barriers (the default) and by shared-memory barriers ("genoflash-mbar-turns"). TF/s count the
+barriers (the default) and by shared-memory barriers ("genoflash-mbar-turns"); --varlen runs packed
+batches (65,536 tokens as mixed lengths 1k-32k and as 4 x 16k, full and causal, 16 heads of 128)
+through flash_attn_varlen_func, the Gluon forward against the triton one. TF/s count the
 useful FLOPs, 2 (D + Dv) per visible (query, key) pair (so the standard formula for plain and
 causal attention), x3.5 with the backward. The JSON is rewritten after each case.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
@@ -25,7 +29,7 @@ import torch.nn.functional as F
 
 import genoflash
 from genoflash.bench.common import FWD_BWD_OVER_FWD, median_ms, relative_error, run_metadata, tflops
-from genoflash.bench.features import visible_pairs
+from genoflash.bench.features import mixed_lengths, visible_pairs
 from genoflash.ops.attention import forward_sm90
 from genoflash.ops.attention.configs import override_configs
 
@@ -47,6 +51,9 @@ FEATURES = [
     (1, 32, 8, 131072, 128, 128, True, {}),
     (4, 16, 16, 4096, 64, 64, True, {}),
 ]
+# Packed batches: (1, heads, heads, total tokens, d, dv, causal, {"lengths": ...}).
+VARLEN = [(1, 16, 16, 65536, 128, 128, causal, {"lengths": lengths})
+          for lengths in (mixed_lengths(65536), [16384] * 4) for causal in (False, True)]
 ROWS = [
     (1, 32, 32, 16384, 64, 64, False, {}), (1, 32, 32, 16384, 64, 64, True, {}),
     (4, 16, 16, 4096, 64, 64, True, {}), (1, 32, 32, 16384, 32, 32, False, {}),
@@ -54,17 +61,23 @@ ROWS = [
 ]
 
 
-def providers(causal, kw, two_warpgroups=False, turns=False):
+def providers(causal, kw, two_warpgroups=False, turns=False, varlen=None):
+    def attend(q, k, v):
+        if varlen is None:
+            return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
+        cu, longest = varlen
+        return genoflash.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, longest, longest, causal=causal, **kw)
+
     def gf(q, k, v):  # the Gluon forward (and the default backward)
         with override_configs(sm90_forward=True):
-            return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
+            return attend(q, k, v)
 
     def gf_triton(q, k, v):
         with override_configs(sm90_forward=False):
-            return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
+            return attend(q, k, v)
 
     def cudnn(q, k, v):
-        if kw or q.shape[-1] != v.shape[-1]:
+        if kw or q.shape[-1] != v.shape[-1] or varlen is not None:
             raise NotImplementedError("not a plain case")
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
@@ -88,6 +101,8 @@ def providers(causal, kw, two_warpgroups=False, turns=False):
             forward_sm90.NAMED_TURNS = saved
 
     out = {"genoflash": gf, "genoflash-triton": gf_triton, "cudnn": cudnn}
+    if varlen is not None:
+        out = {"genoflash": gf, "genoflash-triton": gf_triton}
     if turns:
         out = {"genoflash": gf, "genoflash-mbar-turns": gf_mbar_turns, "cudnn": cudnn}
     if two_warpgroups:
@@ -98,6 +113,11 @@ def providers(causal, kw, two_warpgroups=False, turns=False):
         def run_fa4(q, k, v):
             if "alibi_slopes" in kw:
                 raise NotImplementedError("no ALiBi")
+            if varlen is not None:
+                from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
+                cu, longest = varlen
+                o = fa4_varlen(q[0], k[0], v[0], cu, cu, longest, longest, causal=causal, **kw)
+                return o[0] if isinstance(o, tuple) else o
             o = fa4(q, k, v, causal=causal, **kw)
             return o[0] if isinstance(o, tuple) else o
         out["fa4"] = run_fa4
@@ -149,10 +169,17 @@ def main(argv):
     if argv[0] == "--plot":
         return plot(argv[1])
     path = argv[0]
-    modes = {"--turns": QUICK + [ROWS[0]], "--quick": QUICK, "--features": FEATURES, "--rows": ROWS}
+    modes = {"--turns": QUICK + [ROWS[0]], "--quick": QUICK, "--features": FEATURES, "--rows": ROWS,
+             "--varlen": VARLEN}
     cases = next((shapes for flag, shapes in modes.items() if flag in argv), SHAPES)
     rows = []
     for (b, h, hk, n, d, dv, causal, kw) in cases:
+        kw = dict(kw)
+        lengths = kw.pop("lengths", None)
+        varlen = None
+        if lengths is not None:  # one packed batch of these lengths (b is 1, n their sum)
+            cu = torch.tensor([0, *itertools.accumulate(lengths)], device=DEV, dtype=torch.int32)
+            varlen = (cu, max(lengths))
         torch.manual_seed(0)
         q = torch.randn(b, n, h, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(b, n, hk, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
@@ -162,10 +189,13 @@ def main(argv):
         if call_kw.pop("alibi", False):
             call_kw["alibi_slopes"] = torch.rand(h, device=DEV, dtype=torch.float32) * 0.1
         window = call_kw.get("window_size", (-1, -1))
-        flops = 2 * (d + dv) * visible_pairs(n, n, causal, window) * h * b
+        flops = 2 * (d + dv) * h * b * (visible_pairs(n, n, causal, window) if lengths is None else
+                                        sum(visible_pairs(m, m, causal, window) for m in lengths))
         rec = {"shape": [b, h, hk, n, d, dv], "causal": causal, **{key: str(val) for key, val in kw.items()}}
+        if lengths is not None:
+            rec["lengths"] = lengths
         ref = None
-        for name, fn in providers(causal, call_kw, "--rows" in argv, "--turns" in argv).items():
+        for name, fn in providers(causal, call_kw, "--rows" in argv, "--turns" in argv, varlen).items():
             try:
                 with torch.no_grad():
                     out = fn(q, k, v)

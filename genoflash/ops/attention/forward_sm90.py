@@ -84,26 +84,27 @@ def tiles(block_d: int, block_dv: int) -> tuple[int, int, int]:
 
 @gluon.jit
 def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                        v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS: gl.constexpr, NUM_Q: gl.constexpr,
-                        BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """One warp: each compute partition's Q rows, then each key tile's K and V, each into its
-    ring's stage once the compute warps released it. K_j's stage frees when S_{j - NUM_STAGES}
-    has landed, V_j's when P V of that tile has, about one tile later: with K freed on its own, K
-    runs a tile further ahead than it would if both waited for P V."""
+                        v_empty, tma_b, off_h, off_hk, q_row, k_row, n_tiles, ROWS: gl.constexpr,
+                        NUM_Q: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """One warp: each compute partition's Q rows (from row q_row of batch slice tma_b), then each
+    key tile's K and V (from row k_row), each into its ring's stage once the compute warps released
+    it. K_j's stage frees when S_{j - NUM_STAGES} has landed, V_j's when P V of that tile has, about
+    one tile later: with K freed on its own, K runs a tile further ahead than it would if both
+    waited for P V."""
     for w in gl.static_range(NUM_Q):
         mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [off_b, m0 + w * ROWS, off_h, 0], q_bar.index(w), q_smem.index(w))
+        tma.async_copy_global_to_shared(q_desc, [tma_b, q_row + w * ROWS, off_h, 0], q_bar.index(w), q_smem.index(w))
     for j in range(n_tiles):
         stage = j % NUM_STAGES
         # A fresh barrier passes a wait for parity 1: the first round finds every stage free.
         free_parity = ((j // NUM_STAGES) & 1) ^ 1
-        n0 = n_lo + j * BLOCK_N
+        n0 = k_row + j * BLOCK_N
         mbarrier.wait(k_empty.index(stage), free_parity)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, n0, off_hk, 0], k_ready.index(stage), k_smem.index(stage))
+        tma.async_copy_global_to_shared(k_desc, [tma_b, n0, off_hk, 0], k_ready.index(stage), k_smem.index(stage))
         mbarrier.wait(v_empty.index(stage), free_parity)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_b, n0, off_hk, 0], v_ready.index(stage), v_smem.index(stage))
+        tma.async_copy_global_to_shared(v_desc, [tma_b, n0, off_hk, 0], v_ready.index(stage), v_smem.index(stage))
 
 
 # Named barriers 8.. pass the turns (ids below 8 are left to the compiler's own barriers).
@@ -196,13 +197,14 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
                            BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                            HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                           NAMED: gl.constexpr):
+                           NAMED: gl.constexpr, IS_VARLEN: gl.constexpr):
     """One compute warpgroup (4 warps), which owns the ROWS query rows from m0 + WG * ROWS and takes
     turns with the others to issue its matmuls. See the module docstring for the step. `shared`: what
     every compute partition takes alike (buffers, barriers, descriptors, the program's coordinates)."""
     (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, ALIBI,
      stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles, seqlen_q, seqlen_k, diag,
-     window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw) = shared
+     window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw, q_start, O,
+     stride_o_row, stride_o_h, head_dim_v) = shared
     dtype: gl.constexpr = q_smem.dtype
     BLOCK_M: gl.constexpr = ROWS  # this partition's rows
     m0 = m0 + WG * ROWS
@@ -313,26 +315,38 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
     l_safe = gl.where(empty, 1.0, l_i)
     out = acc / gl.convert_layout(l_safe, row_o)[:, None]
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-    gl.store(LSE + off_b.to(gl.int64) * stride_lse_b + off_h * stride_lse_h + rows, lse, mask=rows < seqlen_q)
-    # O leaves by TMA (rows past seqlen_q and channels past Dv fall outside the descriptor's bounds
-    # and are not written), through Q's buffer where the boxes match: every matmul that read Q has
-    # completed.
-    o_buf = o_smem.index(WG)
-    o_buf.reshape([BLOCK_M, BLOCK_DV]).store(out.to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [off_b, m0, off_h, 0], o_buf)
-    tma.store_wait(0)
+    # (varlen: stride_lse_b is 0 and the LSE is (nheads, total_q), this sequence's rows from q_start)
+    gl.store(LSE + off_b.to(gl.int64) * stride_lse_b + off_h * stride_lse_h + q_start + rows, lse,
+             mask=rows < seqlen_q)
+    if IS_VARLEN:
+        # The rows after a sequence's last are the next sequence's, which a TMA box would
+        # overwrite: packed sequences store their rows from registers, masked.
+        cols = gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(0, o_layout))
+        rows_o = m0 + gl.arange(0, BLOCK_M, layout=row_o)
+        o_ptrs = (O + (q_start + rows_o).to(gl.int64)[:, None] * stride_o_row + off_h * stride_o_h
+                  + cols[None, :])
+        gl.store(o_ptrs, out.to(dtype), mask=(rows_o < seqlen_q)[:, None] & (cols < head_dim_v)[None, :])
+    else:
+        # O leaves by TMA (rows past seqlen_q and channels past Dv fall outside the descriptor's
+        # bounds and are not written), through Q's buffer where the boxes match: every matmul that
+        # read Q has completed.
+        o_buf = o_smem.index(WG)
+        o_buf.reshape([BLOCK_M, BLOCK_DV]).store(out.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [off_b, m0, off_h, 0], o_buf)
+        tma.store_wait(0)
 
 
 @gluon.jit
-def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse_b, stride_lse_h, stride_alibi_b,
-                          nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks, window_left, window_right,
+def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
+                          stride_o_row, stride_o_h, stride_lse_b, stride_lse_h, stride_alibi_b,
+                          nheads, nheads_k, seqlen_q, seqlen_k, head_dim_v, num_m_blocks, window_left, window_right,
                           qk_scale_log2, softcap_in, softcap_out, alibi_to_raw,
                           BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr, BLOCK_M: gl.constexpr,
                           ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                          HAS_ALIBI: gl.constexpr, NAMED: gl.constexpr):
+                          HAS_ALIBI: gl.constexpr, NAMED: gl.constexpr, IS_VARLEN: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     # Compute warpgroups of ROWS rows each (2 or 3, `tiles`); q_desc's and o_desc's boxes are one's rows.
     NUM_Q: gl.constexpr = BLOCK_M // ROWS
@@ -344,6 +358,19 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     off_h = pid_bh % nheads
     off_hk = off_h // (nheads // nheads_k)
     m0 = pid_m * BLOCK_M
+    # Where this sequence's rows are in the descriptors' (batch, seqlen) coordinates: its own batch
+    # slice, or (varlen) rows [cu_seqlens[b], cu_seqlens[b + 1]) of a packed batch of one.
+    tma_b = off_b
+    q_start = 0
+    k_start = 0
+    if IS_VARLEN:
+        tma_b = 0
+        q_start = gl.load(CU_SEQLENS_Q + off_b)
+        seqlen_q = gl.load(CU_SEQLENS_Q + off_b + 1) - q_start
+        k_start = gl.load(CU_SEQLENS_K + off_b)
+        seqlen_k = gl.load(CU_SEQLENS_K + off_b + 1) - k_start
+        if m0 >= seqlen_q:  # the grid is sized for the longest sequence
+            return
     diag = seqlen_k - seqlen_q
     # The keys some row of the block sees, [n_lo, n_hi), from whole tiles starting at n_lo.
     n_lo = 0
@@ -382,30 +409,31 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, LSE, ALIBI, stride_lse
     # apart, since a tuple would turn them into tensors).
     shared = (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, ALIBI,
               stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles, seqlen_q, seqlen_k, diag,
-              window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw)
+              window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw, q_start, O,
+              stride_o_row, stride_o_h, head_dim_v)
     # Registers (65,536 a block): 240 for each of two compute warpgroups, 160 for each of three; the
     # load warp's warpgroup gives its own back (24 or 32).
     if NUM_Q == 2:
         gl.warp_specialize([
             (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
             (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                                   v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N,
-                                   NUM_STAGES)),
+                                   v_empty, tma_b, off_h, off_hk, q_start + m0, k_start + n_lo, n_tiles, ROWS,
+                                   NUM_Q, BLOCK_N, NUM_STAGES)),
         ], [4, 1], [240, 24])
     else:
         gl.warp_specialize([
             (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
             (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
             (_fwd_compute_partition, (shared, 2, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                                   v_empty, off_b, off_h, off_hk, m0, n_lo, n_tiles, ROWS, NUM_Q, BLOCK_N,
-                                   NUM_STAGES)),
+                                   v_empty, tma_b, off_h, off_hk, q_start + m0, k_start + n_lo, n_tiles, ROWS,
+                                   NUM_Q, BLOCK_N, NUM_STAGES)),
         ], [4, 4, 1], [160, 160, 32])
 
 
@@ -417,9 +445,9 @@ def padded(head_dim: int) -> int:
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> bool:
     """Whether the kernel computes this forward (dtypes, head dims, features, alignment), whatever
     the device; `applies` adds the device and the switches."""
-    if q.dtype not in _GL_DTYPES or q.dim() != 4 or max(q.shape[-1], v.shape[-1]) > 256:
+    if q.dtype not in _GL_DTYPES or max(q.shape[-1], v.shape[-1]) > 256:
         return False
-    if a.varlen or a.rotary_dim or a.dropout is not None:
+    if a.rotary_dim or a.dropout is not None or q.dim() != (3 if a.varlen else 4):
         return False
     return all(aligned(t) for t in (q, k, v))
 
@@ -435,23 +463,36 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs)
 
 
 def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs):
-    """(out, lse) by the Gluon kernel; the caller has checked `applies`."""
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k, nheads_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    """(out, lse) by the Gluon kernel; the caller has checked `applies`. q (B, Nq, H, D) and k/v
+    (B, Nk, Hk, D or Dv), or packed (total, H, D) with a.cu_seqlens_* (then the descriptors see one
+    batch slice of `total` rows, and lse is (H, total_q) as flash-attn's)."""
+    nheads, head_dim = q.shape[-2:]
+    nheads_k, head_dim_v = k.shape[-2], v.shape[-1]
+    out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
+    if a.varlen:
+        batch, seqlen_q, seqlen_k = a.cu_seqlens_q.numel() - 1, a.max_seqlen_q, a.max_seqlen_k
+        q4, k4, v4, out4 = (t.unsqueeze(0) for t in (q, k, v, out))
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        q4, k4, v4, out4 = q, k, v, out
     block_d, block_dv = padded(head_dim), padded(head_dim_v)
     block_m, block_n, stages = tiles(block_d, block_dv)
-    out = torch.empty((*q.shape[:-1], head_dim_v), device=q.device, dtype=q.dtype)
-    lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, batch, False, q.device)
+    lse, stride_lse_b, stride_lse_h = lse_layout(batch, nheads, seqlen_q, q.shape[0], a.varlen, q.device)
     alibi, stride_alibi_b = alibi_pointer(q, a)
     scale = a.softmax_scale
     num_m_blocks = cdiv(seqlen_q, block_m)
+    if num_m_blocks * batch * nheads == 0:  # no rows: nothing to launch
+        return out, lse
+    cu_q = a.cu_seqlens_q if a.varlen else lse  # (never read without varlen)
+    cu_k = a.cu_seqlens_k if a.varlen else lse
     launch(_attn_fwd_sm90_kernel, (num_m_blocks, batch * nheads), LAUNCH,
-           _tile_descriptor(q, ROWS, block_d), _tile_descriptor(k, block_n, block_d),  # Q and O: one warpgroup's rows
-           _tile_descriptor(v, block_n, block_dv), _tile_descriptor(out, ROWS, block_dv), lse, alibi,
-           stride_lse_b, stride_lse_h, stride_alibi_b, nheads, nheads_k, seqlen_q, seqlen_k, num_m_blocks,
+           _tile_descriptor(q4, ROWS, block_d), _tile_descriptor(k4, block_n, block_d),  # Q and O: one warpgroup's rows
+           _tile_descriptor(v4, block_n, block_dv), _tile_descriptor(out4, ROWS, block_dv), out, lse, alibi, cu_q, cu_k,
+           out4.stride(1), out4.stride(2), stride_lse_b, stride_lse_h, stride_alibi_b, nheads, nheads_k, seqlen_q,
+           seqlen_k, head_dim_v, num_m_blocks,
            a.window_left, a.window_right, scale * LOG2E_HOST, scale / a.softcap if a.softcap > 0 else 0.0,
            a.softcap / scale if a.softcap > 0 else 0.0, 1.0 / scale,
            BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, ROWS=ROWS, BLOCK_N=block_n, NUM_STAGES=stages,
            HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
-           HAS_ALIBI=a.alibi_slopes is not None, NAMED=NAMED_TURNS)
+           HAS_ALIBI=a.alibi_slopes is not None, NAMED=NAMED_TURNS, IS_VARLEN=a.varlen)
     return out, lse

@@ -86,11 +86,12 @@ def test_gluon_backward_compiles_for_sm90_without_spills(case):
 @pytest.mark.parametrize("case", ["plain 128 --sm90-forward", "plain 96 --sm90-forward --causal --gqa",
                                   "plain 256 --sm90-forward --causal --dtype float16",
                                   "window 64 192 --sm90-forward --softcap 5 --alibi",
-                                  "plain 64 --sm90-forward --causal", "plain 48 --sm90-forward --gqa"])
+                                  "plain 64 --sm90-forward --causal", "plain 48 --sm90-forward --gqa",
+                                  "plain 128 --sm90-forward --varlen --causal --gqa"])
 def test_gluon_forward_compiles_for_sm90_without_spills(case):
     """The Gluon forward (forward_sm90.py) builds for sm_90 at padded head dims (96 -> 128, 192 -> 256),
-    Dv != D and every score modification, its compute warps at 240 registers (two warpgroups) or 160
-    (three, where the head dims pad to 64) without a spill."""
+    Dv != D, every score modification and packed (varlen) sequences, its compute warps at 240
+    registers (two warpgroups) or 160 (three, where the head dims pad to 64) without a spill."""
     out = _offline_compile(case)
     lines = [line for line in out.stdout.splitlines() if "_attn_fwd_sm90_kernel " in line]
     assert len(lines) == 1, out.stdout

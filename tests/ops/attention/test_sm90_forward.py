@@ -1,8 +1,8 @@
 """The Gluon forward for Hopper (ops/attention/forward_sm90.py).
 
-An sm_90 GPU takes it for 16-bit attention with fixed lengths, any head dims up to 256 (Dv != D
-included) whose rows are 16-byte aligned, full, causal or windowed, GQA/MQA, softcap and ALiBi;
-not for varlen, RoPE or dropout. On the GPU each case is checked against a
+An sm_90 GPU takes it for 16-bit attention, fixed-length or packed (varlen), any head dims up to
+256 (Dv != D included) whose rows are 16-byte aligned, full, causal or windowed, GQA/MQA, softcap
+and ALiBi; not for RoPE or dropout. On the GPU each case is checked against a
 float64 reference under the error rule (outputs, the LSE, and the gradients, whose backward reads
 the LSE), with every allocation NaN-poisoned and the dispatch watched, so that a silent fall back
 to the triton forward fails the test. Where it must not be taken, the test checks that it is not.
@@ -10,6 +10,8 @@ On the CPU (CI) the dispatch rule is checked; test_sm90_compile.py compiles the 
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ from genoflash.ops.attention import configs, forward_sm90
 from genoflash.ops.attention.args import AttentionArgs
 from genoflash.ops.attention.configs import TileConfig, override_configs
 from genoflash.ops.attention.dropout import DropoutArgs
-from genoflash.ops.attention.reference import attention_reference
+from genoflash.ops.attention.reference import attention_reference, attention_reference_varlen
 from genoflash.ops.rotary import rotary_tables
 
 from tests.utils import HAS_CUDA, assert_within_rule, outputs_and_grads, random_gqa_qkv, reference_pair
@@ -140,18 +142,79 @@ def test_gluon_forward_strided_inputs(sm90_calls):
     _check(q, k, v, dout, sm90_calls, causal=True)
 
 
+def _cu(lengths):
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.usefixtures("poison_allocations")
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("lens_q, lens_k", [
+    ([1, 17, 129, 1000, 5, 64], [1, 17, 129, 1000, 5, 64]),  # a sequence's last rows end inside a block
+    ([1, 17, 129, 1000, 5, 64], [40, 3, 300, 777, 1, 200]),  # Nq != Nk per sequence, both ways
+], ids=["same-lengths", "other-k-lengths"])
+@pytest.mark.parametrize("d", [128, 64, 96])
+def test_gluon_forward_varlen(lens_q, lens_k, mask, d, sm90_calls):
+    """Packed sequences: each one's rows and keys come from its own slice of the packed tensors
+    (the boxes that cross into the next sequence are masked there, and a sequence's last block
+    stores its rows one by one), the LSE is flash-attn's (nheads, total_q), and the backward that
+    reads it is within the rule too."""
+    torch.manual_seed(60 + d + len(mask))
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    q, dout = (torch.randn(sum(lens_q), 4, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(sum(lens_k), 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    features = {"full": {}, "causal": dict(causal=True), "window": dict(window_size=(150, 40))}[mask]
+
+    def call(a, b, c, **kw):
+        return genoflash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, max(lens_q), max(lens_k), **features, **kw)
+
+    got = outputs_and_grads(call, q, k, v, dout)
+    assert len(sm90_calls) == 1, "the Gluon forward was not taken"
+    truth, same = reference_pair(
+        q, k, v, dout, fn=lambda a, b, c: attention_reference_varlen(a, b, c, cu_q, cu_k, **features)[0])
+    assert_within_rule(got, truth, same)
+    _, lse = call(q.detach(), k.detach(), v.detach(), return_lse=True)
+    _, lse64 = attention_reference_varlen(q.detach().double(), k.detach().double(), v.detach().double(), cu_q, cu_k,
+                                          **features)
+    assert lse.shape == lse64.shape == (4, sum(lens_q))
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse64))
+    finite = ~torch.isinf(lse64)
+    torch.testing.assert_close(lse[finite].double(), lse64[finite], rtol=0, atol=2e-2)
+
+
+@sm90
+@pytest.mark.gpu
+def test_gluon_forward_varlen_sequences_do_not_see_each_other(sm90_calls):
+    """A tile that crosses into the next sequence reads its keys and values; they weigh exactly 0,
+    so changing them leaves every other sequence's output bit for bit."""
+    torch.manual_seed(61)
+    lens = [100, 333, 64, 1]
+    cu_s = _cu(lens)
+    q, k, v = (torch.randn(sum(lens), 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    before = genoflash.flash_attn_varlen_func(q, k, v, cu_s, cu_s, 333, 333)
+    k2, v2 = k.clone(), v.clone()
+    k2[100:433] += 1.0  # the second sequence's keys and values only
+    v2[100:433] *= 3.0
+    after = genoflash.flash_attn_varlen_func(q, k2, v2, cu_s, cu_s, 333, 333)
+    assert len(sm90_calls) == 2
+    others = torch.ones(sum(lens), dtype=torch.bool, device="cuda")
+    others[100:433] = False
+    assert torch.equal(before[others], after[others])
+    assert not torch.equal(before[~others], after[~others])
+
+
 @sm90
 @pytest.mark.gpu
 def test_gluon_forward_is_not_taken_where_it_does_not_apply(sm90_calls):
-    """Dropout, RoPE, varlen, fp32, misaligned tensors, the tma setting off,
+    """Dropout, RoPE, fp32, misaligned tensors, the tma setting off,
     override_configs(sm90_forward=False) and a forced triton tiling run the triton forward."""
     torch.manual_seed(53)
     q, k, v, _ = random_gqa_qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
     cos, sin = rotary_tables(200, 128, device="cuda")
     for features in (dict(dropout_p=0.1), dict(rotary_cos=cos, rotary_sin=sin)):
         genoflash.flash_attn_func(q, k, v, **features)
-    cu = torch.tensor([0, 50, 200], device="cuda", dtype=torch.int32)
-    genoflash.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 150, 150)
     genoflash.flash_attn_func(*random_gqa_qkv(1, 200, 200, 2, 2, 128, torch.float32)[:3])
     q_mis = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape)
     genoflash.flash_attn_func(q_mis, k, v)
@@ -182,10 +245,13 @@ def test_dispatch_rule():
     for d, dv in ((59, None), (264, None), (128, 264)):  # rows not 16-byte aligned; past 256
         assert not forward_sm90.supports(*tensors(d, dv), plain)
     assert not forward_sm90.supports(*tensors(dtype=torch.float32), plain)
+    varlen = AttentionArgs(0.1, cu_seqlens_q=torch.tensor([0, 100]), cu_seqlens_k=torch.tensor([0, 100]))
+    assert forward_sm90.supports(*(t[0] for t in tensors()), varlen)  # packed (total, heads, dim)
     for other in (AttentionArgs(0.1, dropout=DropoutArgs(0.1, 1, 0)),
-                  AttentionArgs(0.1, rotary_cos=torch.rand(100, 64), rotary_sin=torch.rand(100, 64)),
-                  AttentionArgs(0.1, cu_seqlens_q=torch.tensor([0, 100]), cu_seqlens_k=torch.tensor([0, 100]))):
+                  AttentionArgs(0.1, rotary_cos=torch.rand(100, 64), rotary_sin=torch.rand(100, 64))):
         assert not forward_sm90.supports(*tensors(), other)
+    assert not forward_sm90.supports(*tensors(), varlen)  # varlen takes packed tensors
+    assert not forward_sm90.supports(*(t[0] for t in tensors()), plain)
     q, k, v = tensors()
     q_mis = torch.randn(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
     assert not forward_sm90.supports(q_mis, k, v, plain)
