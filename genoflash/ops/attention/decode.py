@@ -56,7 +56,8 @@ class DecodeConfig:
     splits whose grid fits `programs_per_sm` programs on every SM, while each split keeps at least
     `min_keys_per_split` keys, up to `max_splits`. `pdl`: where the GPU has programmatic dependent
     launch (sm_90+), the combine kernel starts while the split kernel's last programs run, and
-    waits for them (gdc_wait) before it reads a part."""
+    waits for them (gdc_wait) before it reads a part. `kv_heads_per_program`: KV heads read
+    side by side by one program (where the head count divides by it; under measurement)."""
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
@@ -64,6 +65,7 @@ class DecodeConfig:
     min_keys_per_split: int = 256
     max_splits: int = 128
     pdl: bool = True
+    kv_heads_per_program: int = 1
 
     @functools.cached_property
     def launch_config(self) -> LaunchConfig:
@@ -95,7 +97,7 @@ def _decode_split_kernel(
     stride_bt, stride_alibi,
     batch, seqlen_q, nheads, num_splits, page_size, seqlen_k_fixed,
     qk_scale_log2, inv_scale, window_left, window_right, softcap_in, softcap_out,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, GROUP: tl.constexpr, HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_ROWS: tl.constexpr, PAGED: tl.constexpr,
     HAS_KEY_MASK: tl.constexpr,
@@ -108,22 +110,34 @@ def _decode_split_kernel(
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_m = tl.program_id(2)
-    b = pid_bh // (nheads // GROUP)
-    hk = pid_bh % (nheads // GROUP)
+    b = pid_bh // (nheads // GROUP // HEADS)
+    hk = pid_bh % (nheads // GROUP // HEADS) * HEADS  # the first of this program's HEADS KV heads
 
-    # Packed rows: query i of head hk * GROUP + g.
+    # Packed rows: query i of head (hk + j) * GROUP + g is row (i * HEADS + j) * GROUP + g. With
+    # HEADS KV heads side by side, a K row holds HEADS heads' channels one after the other (column
+    # c: channel c % HEAD_DIM of KV head hk + c // HEAD_DIM), and a query row is zero outside its
+    # own head's channels, so one matmul gives each row the scores against its own head's keys
+    # (and P V each row's output in its head's columns).
     offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    q_idx = offs_r // GROUP
-    head = hk * GROUP + offs_r % GROUP
+    q_idx = offs_r // (GROUP * HEADS)
+    row_kv = offs_r // GROUP % HEADS  # the row's KV head, counted from hk
+    head = (hk + row_kv) * GROUP + offs_r % GROUP
     row_ok = q_idx < seqlen_q
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
     # A head's offset in a heads-first cache (transformers' (batch, heads, capacity, dim), read in
     # place) passes 2^31 elements at 32 heads of 1M keys: int64.
-    hk64 = hk.to(tl.int64)
-    q_ptrs = Q + b64 * stride_qb + q_idx[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    col_kv = (hk + offs_d // HEAD_DIM).to(tl.int64)  # each K column's KV head
+    col_v = (hk + offs_dv // HEAD_DIM_V).to(tl.int64)
+    k_cols = col_kv * stride_kh + offs_d % HEAD_DIM
+    v_cols = col_v * stride_vh + offs_dv % HEAD_DIM_V
+    d_ok = offs_d < HEAD_DIM * HEADS
+    dv_ok = offs_dv < HEAD_DIM_V * HEADS
+    q_ptrs = (Q + b64 * stride_qb + q_idx[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh
+              + (offs_d % HEAD_DIM)[None, :])
+    own_d = (offs_d // HEAD_DIM)[None, :] == row_kv[:, None]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :] & own_d, other=0.0)
 
     # This sequence's keys, counted from its first slot, and the part this program reads.
     start = 0
@@ -133,8 +147,8 @@ def _decode_split_kernel(
     if HAS_SEQLENS:
         end = tl.load(SeqlensK + b)
     seqlen_k = end - start
-    first_q = pid_m * BLOCK_M // GROUP
-    last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, seqlen_q - 1)
+    first_q = pid_m * BLOCK_M // (GROUP * HEADS)
+    last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // (GROUP * HEADS), seqlen_q - 1)
     lo = 0
     hi = seqlen_k
     if HAS_LEFT:  # keys left of every row's window are never read
@@ -168,8 +182,7 @@ def _decode_split_kernel(
         else:
             k_rows = row * stride_kb + slot.to(tl.int64) * stride_kn
             v_rows = row * stride_vb + slot.to(tl.int64) * stride_vn
-        k = tl.load(K + k_rows[:, None] + hk64 * stride_kh + offs_d[None, :],
-                    mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        k = tl.load(K + k_rows[:, None] + k_cols[None, :], mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if HAS_SOFTCAP:
             s, _ = _softcap(s, softcap_in, softcap_out, FAST_TANH)
@@ -182,20 +195,20 @@ def _decode_split_kernel(
             visible = visible & (keep != 0)[None, :]
         s = tl.where(visible, s, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax_update(s, m_i, l_i, qk_scale_log2, True)
-        v = tl.load(V + v_rows[:, None] + hk64 * stride_vh + offs_dv[None, :],
-                    mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        v = tl.load(V + v_rows[:, None] + v_cols[None, :], mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     out, lse = _finalize_softmax(acc, m_i, l_i)
+    # A row's output is its own head's columns.
+    out_ok = row_ok[:, None] & dv_ok[None, :] & ((offs_dv // HEAD_DIM_V)[None, :] == row_kv[:, None])
+    out_col = (offs_dv % HEAD_DIM_V)[None, :]
 
     if SPLIT:  # partials (num_splits, batch, nheads, seqlen_q[, HEAD_DIM_V]) in float32
         part = ((split * batch + b64) * nheads + head) * seqlen_q + q_idx
         tl.store(LsePart + part, lse, mask=row_ok)
-        tl.store(OutPart + part[:, None] * HEAD_DIM_V + offs_dv[None, :], out,
-                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+        tl.store(OutPart + part[:, None] * HEAD_DIM_V + out_col, out, mask=out_ok)
     else:
         o_ptrs = Out + b64 * stride_ob + q_idx[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
-        tl.store(o_ptrs + offs_dv[None, :], out.to(Out.dtype.element_ty),
-                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+        tl.store(o_ptrs + out_col, out.to(Out.dtype.element_ty), mask=out_ok)
         if STORE_LSE:
             tl.store(Lse + b64 * stride_lb + head * stride_lh + q_idx, lse, mask=row_ok)
 
@@ -260,10 +273,11 @@ def _split_count(most_splits: int, max_keys: int, cfg: DecodeConfig) -> int:
     return max(1, min(most_splits, cdiv(max_keys, cfg.min_keys_per_split)))
 
 
-def choose_splits(programs: int, max_keys: int, device: torch.device) -> int:
-    """Parts per sequence for a grid of `programs` (sequence, KV head, row block) programs."""
+def choose_splits(batch: int, nheads_k: int, max_keys: int, device: torch.device) -> int:
+    """Parts per sequence for one query row per KV head (a decoding step) of `batch` sequences."""
     sms = _sm_count(device.index or 0 if device.type == "cuda" else -1)
-    return _split_count(_splits_for(programs, sms, _config), max_keys, _config)
+    heads = _config.kv_heads_per_program if nheads_k % _config.kv_heads_per_program == 0 else 1
+    return _split_count(_splits_for(batch * nheads_k // heads, sms, _config), max_keys, _config)
 
 
 @contextlib.contextmanager
@@ -282,29 +296,32 @@ def use_config(**changes):
 def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: int, device_index: int,
               cfg: DecodeConfig) -> tuple:
     """What a call's shapes fix, computed once per shape (a decoding step's host time counts):
-    the GQA group, the row block, the grid's last two axes, the most useful split count, the
-    fresh output's and LSE's strides, and whether the combine is a programmatic dependent."""
+    the GQA group, the KV heads per program, the row block, the grid's last two axes, the most
+    useful split count, the fresh output's and LSE's strides, and whether the combine is a
+    programmatic dependent."""
     group = nheads // nheads_k
-    rows = rows_per_kv_head(seqlen_q, nheads, nheads_k)
+    heads = cfg.kv_heads_per_program if nheads_k % cfg.kv_heads_per_program == 0 else 1
+    rows = rows_per_kv_head(seqlen_q, nheads, nheads_k) * heads
     block_m = max(16, min(64, next_power_of_2(rows)))  # tl.dot takes 16 rows at least
-    grid_bh, grid_m = batch * nheads_k, cdiv(rows, block_m)
+    grid_bh, grid_m = batch * nheads_k // heads, cdiv(rows, block_m)
     out_strides = (seqlen_q * nheads * headdim_v, nheads * headdim_v, headdim_v)
     lse_strides = (nheads * seqlen_q, seqlen_q)
-    return (group, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index), cfg),
+    return (group, heads, block_m, grid_bh, grid_m, _splits_for(grid_bh * grid_m, _sm_count(device_index), cfg),
             out_strides, lse_strides, cfg.pdl and _has_pdl(device_index))
 
 
 @functools.lru_cache(maxsize=256)
-def _split_constexprs(headdim: int, headdim_v: int, group: int, block_m: int, has_seqlens: bool, has_leftpad: bool,
+def _split_constexprs(headdim: int, headdim_v: int, group: int, heads: int, block_m: int, has_seqlens: bool,
+                      has_leftpad: bool,
                       has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool, has_left: bool, has_right: bool,
                       has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int,
                       pdl: bool) -> dict:
     """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
     counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
     return dict(
-        HEAD_DIM=headdim, HEAD_DIM_V=headdim_v, GROUP=group,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_power_of_2(headdim)),
-        BLOCK_DV=max(16, next_power_of_2(headdim_v)),
+        HEAD_DIM=headdim, HEAD_DIM_V=headdim_v, GROUP=group, HEADS=heads,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_power_of_2(headdim * heads)),
+        BLOCK_DV=max(16, next_power_of_2(headdim_v * heads)),
         HAS_SEQLENS=has_seqlens, HAS_LEFTPAD=has_leftpad, HAS_ROWS=has_rows,
         PAGED=paged, HAS_KEY_MASK=has_mask, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         HAS_SOFTCAP=has_softcap, HAS_ALIBI=has_alibi,
@@ -351,7 +368,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[3]
         q_ints, cache_ints = q_stride[:3], (*k_stride[:3], *v_stride[:3])
     cfg = _config
-    group, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides, pdl = _geometry(
+    group, heads, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides, pdl = _geometry(
         batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device(), cfg)
     if num_splits <= 0:
         num_splits = _split_count(most_splits, max_seqlen_k, cfg)
@@ -370,9 +387,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             batch, seqlen_q, nheads, num_splits, k_cache.shape[1] if paged else 1)
     tail = (softmax_scale * LOG2E_HOST, 1.0 / softmax_scale, window_left, window_right,
             softmax_scale / softcap if softcap > 0 else 0.0, softcap / softmax_scale if softcap > 0 else 0.0)
-    kind = (headdim, headdim_v, group, block_m, seqlens_k is not None, leftpad is not None, cache_rows is not None,
-            paged, mask is not None, alibi_slopes is not None, window_left >= 0, window_right >= 0, softcap > 0,
-            q.dtype, split, return_lse)
+    kind = (headdim, headdim_v, group, heads, block_m, seqlens_k is not None, leftpad is not None,
+            cache_rows is not None, paged, mask is not None, alibi_slopes is not None, window_left >= 0,
+            window_right >= 0, softcap > 0, q.dtype, split, return_lse)
 
     out = q.new_empty(batch, seqlen_q, nheads, headdim_v)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32) if return_lse else None
