@@ -3,15 +3,13 @@ triton forward, SDPA's cuDNN backend, and flash-attn-4 where it is importable; f
 medians, all in one process, with each output's relative error against the first provider that ran
 the case among cuDNN and the triton forward.
 
-    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features | --rows | --turns |
-                                                                          --varlen]
+    python benchmarks/experiments/attention/sm90_forward_ab.py OUT.json [--quick | --features | --rows | --varlen]
     python benchmarks/experiments/attention/sm90_forward_ab.py --plot OUT.json   # OUT.png beside it
 
 The plain shapes are the flash-attn-4 comparison's; --features runs the feature paths (head dims
 96/192/256, Dv != D, softcap, ALiBi, a causal window at 256k, GQA causal at 128k); --rows runs head
 dims up to 64 with the Gluon forward at three compute warpgroups (192 rows, its rule there) and at two
-(128 rows, "genoflash-2wg"); --turns runs the quick shapes with the warpgroups' turns passed by named
-barriers (the default) and by shared-memory barriers ("genoflash-mbar-turns"); --varlen runs packed
+(128 rows, "genoflash-2wg"); --varlen runs packed
 batches (65,536 tokens as mixed lengths 1k-32k and as 4 x 16k, full and causal, 16 heads of 128)
 through flash_attn_varlen_func, the Gluon forward against the triton one. TF/s count the
 useful FLOPs, 2 (D + Dv) per visible (query, key) pair (so the standard formula for plain and
@@ -61,7 +59,7 @@ ROWS = [
 ]
 
 
-def providers(causal, kw, two_warpgroups=False, turns=False, varlen=None):
+def providers(causal, kw, two_warpgroups=False, varlen=None):
     def attend(q, k, v):
         if varlen is None:
             return genoflash.flash_attn_func(q, k, v, causal=causal, **kw)
@@ -92,19 +90,9 @@ def providers(causal, kw, two_warpgroups=False, turns=False, varlen=None):
         finally:
             forward_sm90.tiles = saved
 
-    def gf_mbar_turns(q, k, v):  # the Gluon forward with its turns passed by shared-memory barriers
-        saved = forward_sm90.NAMED_TURNS
-        forward_sm90.NAMED_TURNS = False
-        try:
-            return gf(q, k, v)
-        finally:
-            forward_sm90.NAMED_TURNS = saved
-
     out = {"genoflash": gf, "genoflash-triton": gf_triton, "cudnn": cudnn}
     if varlen is not None:
         out = {"genoflash": gf, "genoflash-triton": gf_triton}
-    if turns:
-        out = {"genoflash": gf, "genoflash-mbar-turns": gf_mbar_turns, "cudnn": cudnn}
     if two_warpgroups:
         out["genoflash-2wg"] = gf_2wg
     try:
@@ -127,6 +115,7 @@ def providers(causal, kw, two_warpgroups=False, turns=False, varlen=None):
 
 
 LABELS = {"genoflash": "genoflash, Gluon forward", "genoflash-2wg": "genoflash, Gluon forward, 128 rows",
+          "genoflash-mbar-turns": "genoflash, Gluon forward, turns by shared-memory barriers",
           "genoflash-triton": "genoflash, triton forward",
           "cudnn": "SDPA cuDNN", "fa4": "flash-attn-4"}
 
@@ -146,7 +135,7 @@ def plot(path: str) -> None:
 
     report = json.loads(Path(path).read_text())
     rows = report["rows"]
-    names = [n for n in ("genoflash", "genoflash-2wg", "genoflash-triton", "cudnn", "fa4")
+    names = [n for n in ("genoflash", "genoflash-2wg", "genoflash-mbar-turns", "genoflash-triton", "cudnn", "fa4")
              if any("fwd_tflops" in r.get(n, {}) for r in rows)]
     plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(rows)), 7), sharex=True)
@@ -169,7 +158,7 @@ def main(argv):
     if argv[0] == "--plot":
         return plot(argv[1])
     path = argv[0]
-    modes = {"--turns": QUICK + [ROWS[0]], "--quick": QUICK, "--features": FEATURES, "--rows": ROWS,
+    modes = {"--quick": QUICK, "--features": FEATURES, "--rows": ROWS,
              "--varlen": VARLEN}
     cases = next((shapes for flag, shapes in modes.items() if flag in argv), SHAPES)
     rows = []
@@ -195,7 +184,7 @@ def main(argv):
         if lengths is not None:
             rec["lengths"] = lengths
         ref = None
-        for name, fn in providers(causal, call_kw, "--rows" in argv, "--turns" in argv, varlen).items():
+        for name, fn in providers(causal, call_kw, "--rows" in argv, varlen).items():
             try:
                 with torch.no_grad():
                     out = fn(q, k, v)
@@ -205,7 +194,7 @@ def main(argv):
 
                 def fb():
                     o = fn(q, k, v)
-                    torch.autograd.grad(o, (q, k, v), dout)
+                    torch.autograd.grad(o, (q, k, v), dout.view_as(o))  # (varlen: o is packed)
                 fwdbwd = median_ms(fb, DEV)
                 rec[name] = {"fwd_ms": fwd, "fwdbwd_ms": fwdbwd, "out": out, "fwd_tflops": tflops(flops, fwd),
                              "fwdbwd_tflops": tflops(FWD_BWD_OVER_FWD * flops, fwdbwd)}

@@ -30,8 +30,13 @@ zeros past the head dim and write nothing there), so any D and Dv up to 256 whos
 aligned run here, Dv != D included. Softcap and ALiBi are applied to the scores as forward.py
 applies them (score_mods.py).
 
-Taken where it applies (`applies`): sm_90, 16-bit, fixed lengths, no RoPE or dropout, TMA-aligned
-tensors, and configs.sm90_forward_allowed: by default at the head dims where it beat the triton
+Packed sequences (varlen) read their rows and keys from the packed tensors at cu_seqlens: a box
+that runs past a sequence's end reads the next sequence's rows, which the masks drop (keys) or
+nothing stores (queries: a packed batch stores O from registers, masked, where a TMA box would
+overwrite the next sequence's rows).
+
+Taken where it applies (`applies`): sm_90, 16-bit, no RoPE or dropout, TMA-aligned tensors, and
+configs.sm90_forward_allowed: by default at the head dims where it beat the triton
 forward (the wider one in (32, 128], or 256; the design note's "Measurements" and "Three
 warpgroups at head dim 64"). Everything else runs forward.py. Not under the Triton interpreter (it
 has no Gluon): CPU tests check the dispatch rule and compile the kernel for sm_90
@@ -107,9 +112,11 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k
         tma.async_copy_global_to_shared(v_desc, [tma_b, n0, off_hk, 0], v_ready.index(stage), v_smem.index(stage))
 
 
-# Named barriers 8.. pass the turns (ids below 8 are left to the compiler's own barriers).
+# Named barriers 8.. pass the turns (ids below 8 are left to the compiler's own barriers). Passing
+# them through shared-memory barriers instead cost 1-16% of the forward on the H200 (a
+# warpgroup-wide bar.sync before each arrive, and a spin on the wait: the design note's "Turns by
+# named barriers").
 TURN_BARRIER = gl.constexpr(8)
-NAMED_TURNS = True  # A/B switch under measurement (sm90_forward_ab.py --turns)
 
 
 @gluon.jit
@@ -123,29 +130,16 @@ def _named_barrier(op: gl.constexpr, bar_id):
 
 
 @gluon.jit
-def _await_turn_named(t, WG: gl.constexpr):
-    """Ping-pong by named barriers (bar.sync here meets the previous warpgroup's bar.arrive in
-    hardware; no spin on a shared-memory barrier, no warpgroup-wide sync before an arrive)."""
+def _await_turn(WG: gl.constexpr):
+    """Ping-pong (round robin over the compute warpgroups): warpgroup WG may issue its next round of
+    matmuls once the one before it (WG 0: the last one) has issued its own. The bar.sync here meets
+    that warpgroup's bar.arrive (`_pass_turn`) in hardware: no spin on a shared-memory barrier."""
     _named_barrier("bar.sync", TURN_BARRIER + WG)
 
 
 @gluon.jit
-def _pass_turn_named(WG: gl.constexpr, NUM_Q: gl.constexpr):
+def _pass_turn(WG: gl.constexpr, NUM_Q: gl.constexpr):
     _named_barrier("bar.arrive", TURN_BARRIER + (WG + 1) % NUM_Q)
-
-
-@gluon.jit
-def _await_turn(turn, t, WG: gl.constexpr):
-    """Ping-pong (round robin over the compute warpgroups): warpgroup WG may issue its t-th round of
-    matmuls once the one before it has issued its own, WG 0 after the last one's round t - 1. turn[WG]
-    completes a phase per pass to WG, so WG > 0 waits for its (t + 1)-th and WG 0 for its t-th; a
-    fresh barrier passes a wait for parity 1, so WG 0's first wait does."""
-    mbarrier.wait(turn.index(WG), (t & 1) ^ (1 if WG == 0 else 0))
-
-
-@gluon.jit
-def _pass_turn(turn, WG: gl.constexpr, NUM_Q: gl.constexpr):
-    mbarrier.arrive(turn.index((WG + 1) % NUM_Q))
 
 
 @gluon.jit
@@ -197,11 +191,11 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
                            BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                            HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                           NAMED: gl.constexpr, IS_VARLEN: gl.constexpr):
+                           IS_VARLEN: gl.constexpr):
     """One compute warpgroup (4 warps), which owns the ROWS query rows from m0 + WG * ROWS and takes
     turns with the others to issue its matmuls. See the module docstring for the step. `shared`: what
     every compute partition takes alike (buffers, barriers, descriptors, the program's coordinates)."""
-    (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, ALIBI,
+    (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, ALIBI,
      stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles, seqlen_q, seqlen_k, diag,
      window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw, q_start, O,
      stride_o_row, stride_o_h, head_dim_v) = shared
@@ -235,23 +229,17 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
         full_lo = gl.maximum(full_lo, m0 + BLOCK_M - 1 + diag - window_left)
     if HAS_RIGHT:  # ... up to the first row's right edge
         full_hi = gl.minimum(full_hi, m0 + diag + window_right + 1)
-    if NAMED and WG == NUM_Q - 1:  # the last warpgroup's turn passes to warpgroup 0 before the first round
-        _pass_turn_named(WG, NUM_Q)
+    if WG == NUM_Q - 1:  # the last warpgroup's turn passes to warpgroup 0 before the first round
+        _pass_turn(WG, NUM_Q)
     mbarrier.wait(q_bar.index(WG), 0)
 
     if n_tiles > 0:
         # Tile 0: S_0 and its softmax; P_0 V_0 is issued in the next step (or after the loop).
         mbarrier.wait(k_ready.index(0), 0)
-        if NAMED:
-            _await_turn_named(0, WG)
-        else:
-            _await_turn(turn, 0, WG)
+        _await_turn(WG)
         s_tok = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-        if NAMED:
-            _pass_turn_named(WG, NUM_Q)
-        else:
-            _pass_turn(turn, WG, NUM_Q)
+        _pass_turn(WG, NUM_Q)
         s = warpgroup_mma_wait(0, deps=[s_tok])
         mbarrier.arrive(k_empty.index(0))  # K_0 is read
         if (n_lo < full_lo) | (n_lo + BLOCK_N > full_hi):
@@ -268,17 +256,11 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
             mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-            if NAMED:
-                _await_turn_named(j, WG)
-            else:
-                _await_turn(turn, j, WG)
+            _await_turn(WG)
             s_tok = warpgroup_mma(q_tile, k_smem.index(stage).reshape([BLOCK_N, BLOCK_D]).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             o_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-            if NAMED:
-                _pass_turn_named(WG, NUM_Q)
-            else:
-                _pass_turn(turn, WG, NUM_Q)
+            _pass_turn(WG, NUM_Q)
             # wgmma groups complete in order: the one left outstanding is O's, so S_j has landed.
             s = warpgroup_mma_wait(1, deps=[s_tok])
             mbarrier.arrive(k_empty.index(stage))  # K_j is read; V_{j-1}'s P V may still run
@@ -298,15 +280,9 @@ def _fwd_compute_partition(shared, WG: gl.constexpr, NUM_Q: gl.constexpr, ROWS: 
         last = (n_tiles - 1) % NUM_STAGES
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NUM_STAGES) & 1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
-        if NAMED:
-            _await_turn_named(n_tiles, WG)
-        else:
-            _await_turn(turn, n_tiles, WG)
+        _await_turn(WG)
         o_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, BLOCK_DV]), acc, is_async=True)
-        if NAMED:
-            _pass_turn_named(WG, NUM_Q)
-        else:
-            _pass_turn(turn, WG, NUM_Q)
+        _pass_turn(WG, NUM_Q)
         acc = warpgroup_mma_wait(0, deps=[o_tok])
         mbarrier.arrive(v_empty.index(last))
 
@@ -346,7 +322,7 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, ALIBI, CU_SEQL
                           BLOCK_D: gl.constexpr, BLOCK_DV: gl.constexpr, BLOCK_M: gl.constexpr,
                           ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                           HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                          HAS_ALIBI: gl.constexpr, NAMED: gl.constexpr, IS_VARLEN: gl.constexpr):
+                          HAS_ALIBI: gl.constexpr, IS_VARLEN: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     # Compute warpgroups of ROWS rows each (2 or 3, `tiles`); q_desc's and o_desc's boxes are one's rows.
     NUM_Q: gl.constexpr = BLOCK_M // ROWS
@@ -389,15 +365,12 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, ALIBI, CU_SEQL
     else:
         o_smem = gl.allocate_shared_memory(dtype, [NUM_Q] + o_desc.block_type.shape, o_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [NUM_Q, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [NUM_Q, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(NUM_Q):
         mbarrier.init(q_bar.index(w), count=1)
-    for i in gl.static_range(NUM_Q):
-        mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -407,7 +380,7 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, ALIBI, CU_SEQL
     fence_async_shared()
     # What every compute partition takes alike (a tuple of runtime values; the constexprs are passed
     # apart, since a tuple would turn them into tensors).
-    shared = (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, ALIBI,
+    shared = (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, ALIBI,
               stride_lse_b, stride_lse_h, stride_alibi_b, off_b, off_h, m0, n_lo, n_tiles, seqlen_q, seqlen_k, diag,
               window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw, q_start, O,
               stride_o_row, stride_o_h, head_dim_v)
@@ -416,9 +389,9 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, ALIBI, CU_SEQL
     if NUM_Q == 2:
         gl.warp_specialize([
             (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN)),
             (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                    v_empty, tma_b, off_h, off_hk, q_start + m0, k_start + n_lo, n_tiles, ROWS,
                                    NUM_Q, BLOCK_N, NUM_STAGES)),
@@ -426,11 +399,11 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, ALIBI, CU_SEQL
     else:
         gl.warp_specialize([
             (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN)),
             (_fwd_compute_partition, (shared, 1, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN)),
             (_fwd_compute_partition, (shared, 2, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
-                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, NAMED, IS_VARLEN)),
+                                      HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, IS_VARLEN)),
             (_fwd_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                                    v_empty, tma_b, off_h, off_hk, q_start + m0, k_start + n_lo, n_tiles, ROWS,
                                    NUM_Q, BLOCK_N, NUM_STAGES)),
@@ -494,5 +467,5 @@ def attention_forward_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
            a.softcap / scale if a.softcap > 0 else 0.0, 1.0 / scale,
            BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, ROWS=ROWS, BLOCK_N=block_n, NUM_STAGES=stages,
            HAS_LEFT=a.window_left >= 0, HAS_RIGHT=a.window_right >= 0, HAS_SOFTCAP=a.softcap > 0,
-           HAS_ALIBI=a.alibi_slopes is not None, NAMED=NAMED_TURNS, IS_VARLEN=a.varlen)
+           HAS_ALIBI=a.alibi_slopes is not None, IS_VARLEN=a.varlen)
     return out, lse
