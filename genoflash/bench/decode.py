@@ -25,6 +25,7 @@ Results: <out>/<gpu>-<date>-decode.json (or -decode-sweep.json) and a plot.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -230,8 +231,13 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     floor_gbps = copy_bandwidth_gbps(CUDA)
+    from ..ops.attention import decode
+
+    index = torch.cuda.current_device()
     metadata = run_metadata(CUDA, dtype="bf16", copy_rate_gbps=floor_gbps,
-                            method="do_bench median (L2 cleared between calls); floor = K+V bytes / copy rate")
+                            method="do_bench median (L2 cleared between calls); floor = K+V bytes / copy rate",
+                            decode_config={layout: dataclasses.asdict(decode.config_for(index, paged))
+                                           for layout, paged in (("contiguous", False), ("paged", True))})
     if args.sweep:
         grid = args.grid or {"block_n": [32, 64], "num_warps": [2, 4], "num_stages": [2, 3, 4],
                              "programs_per_sm": [2, 3, 4, 6]}

@@ -56,8 +56,9 @@ class DecodeConfig:
     splits whose grid fits `programs_per_sm` programs on every SM, while each split keeps at least
     `min_keys_per_split` keys, up to `max_splits`. `pdl`: where the GPU has programmatic dependent
     launch (sm_90+), the combine kernel starts while the split kernel's last programs run, and
-    waits for them (gdc_wait) before it reads a part. `kv_heads_per_program`: KV heads read
-    side by side by one program (where the head count divides by it; under measurement)."""
+    waits for them (gdc_wait) before it reads a part. `kv_heads_per_program`: KV heads read side
+    by side by one program (where the head count divides by it), so that a program keeps twice
+    the bytes in flight (docs/design/decoding.md, "On the H200")."""
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
@@ -72,10 +73,13 @@ class DecodeConfig:
         return LaunchConfig(self.num_warps, self.num_stages)
 
 
-# Chosen on an H100 by `genoflash bench decode --sweep` (docs/design/decoding.md); `use_config`
-# swaps it for the sweep.
+# Chosen by `genoflash bench decode --sweep` (docs/design/decoding.md): on an H100, for every
+# device without an entry below. A device whose HBM feeds each SM faster needs more of the cache
+# in flight per SM: per device-name fragment, (contiguous cache, paged cache). `use_config`
+# replaces them all for the sweep.
 DEFAULT_CONFIG = DecodeConfig()
-_config = DEFAULT_CONFIG
+DEVICE_CONFIGS = {"H200": (DecodeConfig(kv_heads_per_program=2), DecodeConfig(programs_per_sm=6))}
+_override: DecodeConfig | None = None
 COMBINE_CONFIG = LaunchConfig(num_warps=4, num_stages=1)
 COMBINE_CONFIG_PDL = dataclasses.replace(COMBINE_CONFIG, pdl=True)
 MAX_ROWS = 128  # query rows per KV head (seqlen_q x group) up to which decoding takes this path
@@ -273,23 +277,40 @@ def _split_count(most_splits: int, max_keys: int, cfg: DecodeConfig) -> int:
     return max(1, min(most_splits, cdiv(max_keys, cfg.min_keys_per_split)))
 
 
-def choose_splits(batch: int, nheads_k: int, max_keys: int, device: torch.device) -> int:
+@functools.lru_cache(maxsize=None)
+def _device_configs(device_index: int) -> tuple[DecodeConfig, DecodeConfig]:
+    """(contiguous, paged) configs of a CUDA device; the defaults for the interpreter's CPU (-1)."""
+    name = torch.cuda.get_device_name(device_index) if device_index >= 0 else ""
+    return next((cfgs for fragment, cfgs in DEVICE_CONFIGS.items() if fragment in name),
+                (DEFAULT_CONFIG, DEFAULT_CONFIG))
+
+
+def config_for(device_index: int, paged: bool) -> DecodeConfig:
+    """The configuration a call on this device (-1: the CPU) and cache layout runs with."""
+    if _override is not None:
+        return _override
+    return _device_configs(device_index)[paged]
+
+
+def choose_splits(batch: int, nheads_k: int, max_keys: int, device: torch.device, paged: bool = False) -> int:
     """Parts per sequence for one query row per KV head (a decoding step) of `batch` sequences."""
-    sms = _sm_count(device.index or 0 if device.type == "cuda" else -1)
-    heads = _config.kv_heads_per_program if nheads_k % _config.kv_heads_per_program == 0 else 1
-    return _split_count(_splits_for(batch * nheads_k // heads, sms, _config), max_keys, _config)
+    index = device.index or 0 if device.type == "cuda" else -1
+    cfg = config_for(index, paged)
+    heads = cfg.kv_heads_per_program if nheads_k % cfg.kv_heads_per_program == 0 else 1
+    return _split_count(_splits_for(batch * nheads_k // heads, _sm_count(index), cfg), max_keys, cfg)
 
 
 @contextlib.contextmanager
 def use_config(**changes):
-    """DecodeConfig's fields changed inside this block, for the whole process (`bench decode
-    --sweep`, tests); decoding steps are kept per configuration."""
-    global _config
-    saved, _config = _config, dataclasses.replace(_config, **changes)
+    """DecodeConfig's fields changed from the defaults (DEFAULT_CONFIG) inside this block, for the
+    whole process, every device and layout (`bench decode --sweep`, tests); decoding steps are kept
+    per configuration."""
+    global _override
+    saved, _override = _override, dataclasses.replace(_override or DEFAULT_CONFIG, **changes)
     try:
-        yield _config
+        yield _override
     finally:
-        _config = saved
+        _override = saved
 
 
 @functools.lru_cache(maxsize=1024)
@@ -367,7 +388,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         batch, seqlen_q, nheads, headdim = q.shape
         nheads_k, headdim_v = k_cache.shape[2], v_cache.shape[3]
         q_ints, cache_ints = q_stride[:3], (*k_stride[:3], *v_stride[:3])
-    cfg = _config
+    cfg = config_for(q.get_device(), block_table is not None)
     group, heads, block_m, grid_bh, grid_m, most_splits, out_strides, lse_strides, pdl = _geometry(
         batch, seqlen_q, nheads, nheads_k, headdim_v, q.get_device(), cfg)
     if num_splits <= 0:
@@ -412,7 +433,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             key = (kind, tuple([2 if x == 1 else x % 16 == 0 for x in cache_ints]), ints, window_left, window_right,
                    max_seqlen_k < _INT32_END, k_cache.dtype, v_cache.dtype,
                    *(t.dtype for t in optional if t is not None), *switches,
-                   None if cfg is DEFAULT_CONFIG else cfg)  # (a frozen dataclass: hashing it costs a call)
+                   _override)  # (the default for this device and layout is fixed by the key's other fields)
             step = _steps.get(key, launcher.MISSING)
             if step is None:
                 key = None  # this kind of step cannot be replayed

@@ -382,3 +382,65 @@ def test_split_count_fits_programs_per_sm_rounded_down(programs, splits):
     assert most == splits and most * programs <= max(cfg.programs_per_sm * 132, programs)
     assert decode._split_count(most, 1_000_000, cfg) == splits
     assert decode._split_count(most, 3 * cfg.min_keys_per_split, cfg) == min(splits, 3)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged", "heads-first"])
+@pytest.mark.parametrize("nheads, nheads_k, seqlen_q", [(4, 4, 1), (8, 4, 1), (6, 6, 3), (8, 2, 2)],
+                         ids=["mha", "gqa", "mha-3-queries", "gqa-2-queries"])
+def test_kv_heads_side_by_side_answer_as_one_head_per_program(layout, nheads, nheads_k, seqlen_q, device):
+    """DecodeConfig.kv_heads_per_program = 2: one program reads two KV heads' channels side by
+    side, each query row zero outside its own head's; every output and LSE equals one head per
+    program's, in every cache layout, with NaN past each sequence's end, a causal mask and a
+    sequence shorter than the split."""
+    from genoflash.ops.attention import decode
+
+    torch.manual_seed(nheads * 10 + seqlen_q)
+    d, dv, capacity = 40, 48, 320
+    q = torch.randn(2, seqlen_q, nheads, d, device=device)
+    k = torch.randn(2, capacity, nheads_k, d, device=device)
+    v = torch.randn(2, capacity, nheads_k, dv, device=device)
+    lengths = [capacity, 123]
+    for b, n in enumerate(lengths):
+        k[b, n:] = v[b, n:] = float("nan")
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    kw = dict(softmax_scale=d ** -0.5, window_left=-1, window_right=0, num_splits=3)
+    if layout == "paged":  # pages of 16 rows in the order given by a shuffled table
+        order = torch.randperm(2 * capacity // 16, device=device).view(2, -1)
+        pages_k, pages_v = torch.empty(2 * capacity // 16, 16, nheads_k, d, device=device), torch.empty(
+            2 * capacity // 16, 16, nheads_k, dv, device=device)
+        pages_k[order.flatten()] = k.reshape(-1, 16, nheads_k, d)
+        pages_v[order.flatten()] = v.reshape(-1, 16, nheads_k, dv)
+        args, kw["block_table"] = (q, pages_k, pages_v), order.to(torch.int32)
+    elif layout == "heads-first":  # transformers' (batch, heads, capacity, dim), read in place
+        args, kw["heads_first"] = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)), True
+    else:
+        args = (q, k, v)
+    answers = []
+    for heads in (1, 2):
+        with decode.use_config(kv_heads_per_program=heads) as cfg:
+            assert decode._geometry(2, seqlen_q, nheads, nheads_k, dv, -1, cfg)[1] == heads  # heads per program
+            answers.append(decode.decode_attention(*args, seqlens, capacity, **kw))
+    (out1, lse1), (out2, lse2) = answers
+    assert not torch.isnan(out1).any()
+    torch.testing.assert_close(out2, out1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse2, lse1, rtol=1e-5, atol=1e-5)
+
+
+def test_device_configs_by_device_and_layout(monkeypatch):
+    """A device named in DEVICE_CONFIGS decodes with its (contiguous, paged) pair, any other with
+    DEFAULT_CONFIG, and use_config replaces both for every device and layout."""
+    from genoflash.ops.attention import decode
+
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: names[index])
+    decode._device_configs.cache_clear()
+    try:
+        contiguous, paged = decode.DEVICE_CONFIGS["H200"]
+        assert decode.config_for(0, False) is contiguous and decode.config_for(0, True) is paged
+        assert decode.config_for(1, False) is decode.config_for(1, True) is decode.DEFAULT_CONFIG
+        assert decode.config_for(-1, True) is decode.DEFAULT_CONFIG  # the interpreter's CPU
+        with decode.use_config(programs_per_sm=3) as cfg:
+            assert decode.config_for(0, False) is decode.config_for(1, True) is cfg
+            assert cfg.kv_heads_per_program == decode.DEFAULT_CONFIG.kv_heads_per_program
+    finally:
+        decode._device_configs.cache_clear()
