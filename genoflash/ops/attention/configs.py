@@ -353,15 +353,19 @@ def sm90_min_seqlen(default: int) -> int:
     return int(_override.get("sm90_min_seqlen", default))  # type: ignore[arg-type]
 
 
-def sm90_forward_allowed(head_dim: int, head_dim_v: int) -> bool:
+def sm90_forward_allowed(head_dim: int, head_dim_v: int, varlen: bool = False) -> bool:
     """Whether the Gluon forward (forward_sm90.py) may run at these head dims: as override_configs'
-    sm90_forward says, else where it beat the triton forward (sm90_forward_preferred); never where
-    override_configs forces what only the triton forward has (its tiling, its key chunks, its
-    channel groups), which tests of those paths do."""
+    sm90_forward says, else where it beat the triton forward (sm90_forward_preferred) for
+    fixed-length batches; never where override_configs forces what only the triton forward has
+    (its tiling, its key chunks, its channel groups), which tests of those paths do. Packed
+    sequences (varlen) take it only where sm90_forward=True says: it computes them (the GPU tests
+    check it), but its speed on them against the triton forward has not been measured yet."""
     if any(name in _override for name in ("forward", "key_chunk", "split_channels")):
         return False
     forced = _override.get("sm90_forward")
-    return bool(forced) if forced is not None else sm90_forward_preferred(head_dim, head_dim_v)
+    if forced is not None:
+        return bool(forced)
+    return not varlen and sm90_forward_preferred(head_dim, head_dim_v)
 
 
 def sm90_forward_preferred(head_dim: int, head_dim_v: int) -> bool:

@@ -36,9 +36,10 @@ nothing stores (queries: a packed batch stores O from registers, masked, where a
 overwrite the next sequence's rows).
 
 Taken where it applies (`applies`): sm_90, 16-bit, no RoPE or dropout, TMA-aligned tensors, and
-configs.sm90_forward_allowed: by default at the head dims where it beat the triton
-forward (the wider one in (32, 128], or 256; the design note's "Measurements" and "Three
-warpgroups at head dim 64"). Everything else runs forward.py. Not under the Triton interpreter (it
+configs.sm90_forward_allowed: by default for fixed-length batches at the head dims where it beat
+the triton forward (the wider one in (32, 128], or 256; the design note's "Measurements" and
+"Three warpgroups at head dim 64"), and for packed ones where override_configs(sm90_forward=True)
+asks (their speed is not measured yet). Everything else runs forward.py. Not under the Triton interpreter (it
 has no Gluon): CPU tests check the dispatch rule and compile the kernel for sm_90
 (tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
 """
@@ -430,7 +431,7 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs)
     setting on (TMA is all this kernel loads with), configs.sm90_forward_allowed, and `supports`."""
     if not a.settings.tma or triton_interpreted() or not q.is_cuda:
         return False
-    if not sm90_forward_allowed(q.shape[-1], v.shape[-1]):
+    if not sm90_forward_allowed(q.shape[-1], v.shape[-1], a.varlen):
         return False
     return descriptors.device_capability(q.device) == (9, 0) and supports(q, k, v, a)
 

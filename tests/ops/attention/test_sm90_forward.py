@@ -263,13 +263,19 @@ def test_dispatch_rule():
                  (64, 192): False, (256, 128): True}
     for (d, dv), want in preferred.items():
         assert configs.sm90_forward_allowed(d, dv) == want, (d, dv)
+        assert not configs.sm90_forward_allowed(d, dv, varlen=True)  # packed: only when asked (unmeasured)
         with override_configs(sm90_forward=not want):
             assert configs.sm90_forward_allowed(d, dv) == (not want), (d, dv)
+        with override_configs(sm90_forward=True):
+            assert configs.sm90_forward_allowed(d, dv, varlen=True)
         with override_configs(sm90_forward=True, forward=TileConfig(64, 32)):  # a triton tiling wins
             assert not configs.sm90_forward_allowed(d, dv)
         if ON_SM90:
             g = [t.cuda() for t in tensors(d, dv)]
             assert forward_sm90.applies(*g, plain) == want, (d, dv)
+            packed = AttentionArgs(0.1, cu_seqlens_q=torch.tensor([0, 100], device="cuda", dtype=torch.int32),
+                                   cu_seqlens_k=torch.tensor([0, 100], device="cuda", dtype=torch.int32))
+            assert not forward_sm90.applies(*(t[0] for t in g), packed), (d, dv)  # not by default
 
 
 @pytest.mark.parametrize("d, dv, rows, keys, stages", [
