@@ -164,7 +164,7 @@ def sweep_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int,
             with decode.use_config(**config):
                 for layout, (kc, vc, bt) in layouts.items():
                     add({"case": name, "round": round_, "layout": layout, **config,
-                         "splits": decode.choose_splits(batch, nheads_k, seqlen_k, CUDA)},
+                         "splits": decode.choose_splits(batch, nheads, nheads_k, seqlen_k, CUDA)},
                         _timed(lambda: decode.decode_attention(q, kc, vc, None, seqlen_k,
                                                                softmax_scale=HEADDIM ** -0.5, block_table=bt)))
         add({"case": name, "round": round_, "layout": "sdpa-cudnn"},

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         k = torch.randn(batch, n, nheads_k, HEADDIM, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        splits = decode.choose_splits(batch, nheads_k, n, torch.device("cuda"))
+        splits = decode.choose_splits(batch, nheads, nheads_k, n, torch.device("cuda"))
         fns = {}
         for per_sm in (4, 8, 16):
             for block, warps in ((4096, 4), (8192, 8)):

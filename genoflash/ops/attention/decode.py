@@ -57,8 +57,8 @@ class DecodeConfig:
     `min_keys_per_split` keys, up to `max_splits`. `pdl`: where the GPU has programmatic dependent
     launch (sm_90+), the combine kernel starts while the split kernel's last programs run, and
     waits for them (gdc_wait) before it reads a part. `kv_heads_per_program`: KV heads read side
-    by side by one program (where the head count divides by it), so that a program keeps twice
-    the bytes in flight (docs/design/decoding.md, "On the H200")."""
+    by side by one program (where `_heads_per_program` allows), so that a program keeps twice the
+    bytes in flight (docs/design/decoding.md, "On the H200")."""
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
@@ -292,11 +292,21 @@ def config_for(device_index: int, paged: bool) -> DecodeConfig:
     return _device_configs(device_index)[paged]
 
 
-def choose_splits(batch: int, nheads_k: int, max_keys: int, device: torch.device, paged: bool = False) -> int:
-    """Parts per sequence for one query row per KV head (a decoding step) of `batch` sequences."""
+def _heads_per_program(cfg: DecodeConfig, rows: int, nheads_k: int) -> int:
+    """KV heads side by side in a program: cfg's where they divide the KV heads and their rows
+    together still fit tl.dot's 16-row minimum block, so that the wider tile costs no rows (a
+    decoding step's few query rows); else 1. (At 64 rows, two heads' 64 x 256 float32
+    accumulator takes the kernel to 255 registers.)"""
+    heads = cfg.kv_heads_per_program
+    return heads if nheads_k % heads == 0 and rows * heads <= 16 else 1
+
+
+def choose_splits(batch: int, nheads: int, nheads_k: int, max_keys: int, device: torch.device,
+                  paged: bool = False) -> int:
+    """Parts per sequence for one query row per head (a decoding step) of `batch` sequences."""
     index = device.index or 0 if device.type == "cuda" else -1
     cfg = config_for(index, paged)
-    heads = cfg.kv_heads_per_program if nheads_k % cfg.kv_heads_per_program == 0 else 1
+    heads = _heads_per_program(cfg, rows_per_kv_head(1, nheads, nheads_k), nheads_k)
     return _split_count(_splits_for(batch * nheads_k // heads, _sm_count(index), cfg), max_keys, cfg)
 
 
@@ -321,7 +331,7 @@ def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: 
     useful split count, the fresh output's and LSE's strides, and whether the combine is a
     programmatic dependent."""
     group = nheads // nheads_k
-    heads = cfg.kv_heads_per_program if nheads_k % cfg.kv_heads_per_program == 0 else 1
+    heads = _heads_per_program(cfg, rows_per_kv_head(seqlen_q, nheads, nheads_k), nheads_k)
     rows = rows_per_kv_head(seqlen_q, nheads, nheads_k) * heads
     block_m = max(16, min(64, next_power_of_2(rows)))  # tl.dot takes 16 rows at least
     grid_bh, grid_m = batch * nheads_k // heads, cdiv(rows, block_m)
@@ -333,10 +343,9 @@ def _geometry(batch: int, seqlen_q: int, nheads: int, nheads_k: int, headdim_v: 
 
 @functools.lru_cache(maxsize=256)
 def _split_constexprs(headdim: int, headdim_v: int, group: int, heads: int, block_m: int, has_seqlens: bool,
-                      has_leftpad: bool,
-                      has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool, has_left: bool, has_right: bool,
-                      has_softcap: bool, dtype: torch.dtype, split: bool, store_lse: bool, block_n: int,
-                      pdl: bool) -> dict:
+                      has_leftpad: bool, has_rows: bool, paged: bool, has_mask: bool, has_alibi: bool,
+                      has_left: bool, has_right: bool, has_softcap: bool, dtype: torch.dtype, split: bool,
+                      store_lse: bool, block_n: int, pdl: bool) -> dict:
     """The split kernel's constexprs for one kind of call, built once: a decoding step's host time
     counts (docs/design/launch-path.md). launch() takes them as **kwargs, a copy."""
     return dict(

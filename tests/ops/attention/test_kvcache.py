@@ -426,6 +426,20 @@ def test_kv_heads_side_by_side_answer_as_one_head_per_program(layout, nheads, nh
     torch.testing.assert_close(lse2, lse1, rtol=1e-5, atol=1e-5)
 
 
+def test_kv_heads_side_by_side_only_where_their_rows_fit_one_block():
+    """Two KV heads per program only while both heads' query rows fit tl.dot's 16-row block (a
+    decoding step's few rows), and where they divide the KV heads; else one."""
+    from genoflash.ops.attention import decode
+
+    cfg = decode.DecodeConfig(kv_heads_per_program=2)
+    assert decode._heads_per_program(cfg, 4, 8) == 2  # GQA 32:8, one query
+    assert decode._heads_per_program(cfg, 8, 8) == 2
+    assert decode._heads_per_program(cfg, 16, 8) == 1  # 32 rows: a wider block, twice the registers
+    assert decode._heads_per_program(cfg, 1, 3) == 1  # 3 KV heads do not pair
+    assert decode._geometry(1, 4, 32, 8, 128, -1, cfg)[1] == 1  # 4 queries x group 4
+    assert decode._geometry(1, 1, 32, 8, 128, -1, cfg)[1:3] == (2, 16)
+
+
 def test_device_configs_by_device_and_layout(monkeypatch):
     """A device named in DEVICE_CONFIGS decodes with its (contiguous, paged) pair, any other with
     DEFAULT_CONFIG, and use_config replaces both for every device and layout."""

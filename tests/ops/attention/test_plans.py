@@ -400,9 +400,10 @@ def test_use_config_reaches_the_launches_and_keeps_steps_out(decode_stand_ins):
     for _ in range(2):  # the default: a step from the second call on
         decode.decode_attention(q, k, v, None, 4096, softmax_scale=0.2)
     assert len(decode._steps) == 1
-    default_splits = decode.choose_splits(2, 2, 4096, q.device)
+    default_splits = decode.choose_splits(2, 8, 2, 4096, q.device)
     with decode.use_config(block_n=64, num_warps=2, num_stages=3, programs_per_sm=1) as cfg:
-        assert cfg.launch_config.num_warps == 2 and decode.choose_splits(2, 2, 4096, q.device) == 1 < default_splits
+        assert cfg.launch_config.num_warps == 2
+        assert decode.choose_splits(2, 8, 2, 4096, q.device) == 1 < default_splits
         decode.decode_attention(q, k, v, None, 4096, softmax_scale=0.2)
         num_warps, num_stages, constexprs = compiled["split"].configs[-1]
         assert (num_warps, num_stages, constexprs["BLOCK_N"]) == (2, 3, 64)
