@@ -39,8 +39,8 @@ Taken where it applies (`applies`): sm_90, 16-bit, no RoPE or dropout, TMA-align
 configs.sm90_forward_allowed: by default for fixed-length batches at the head dims where it beat
 the triton forward (the wider one in (32, 128], or 256; the design note's "Measurements" and
 "Three warpgroups at head dim 64"), and for packed ones where override_configs(sm90_forward=True)
-asks (their speed is not measured yet). Everything else runs forward.py. Not under the Triton interpreter (it
-has no Gluon): CPU tests check the dispatch rule and compile the kernel for sm_90
+asks (their speed is not measured yet). Everything else runs forward.py. Not under the Triton
+interpreter (it has no Gluon): CPU tests check the dispatch rule and compile the kernel for sm_90
 (tests/ops/attention/test_sm90_compile.py); the GPU tests run it.
 """
 
