@@ -195,9 +195,8 @@ def plot(report: dict, path: Path) -> None:
 
 
 def check_grid(parser: argparse.ArgumentParser, grid) -> None:
-    """--grid must map DecodeConfig's field names to non-empty lists (checked before any GPU work)."""
-    import dataclasses
-
+    """--grid must map DecodeConfig's field names to non-empty lists of values DecodeConfig takes
+    (checked before any GPU work)."""
     from ..ops.attention.decode import DecodeConfig
 
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
@@ -208,6 +207,11 @@ def check_grid(parser: argparse.ArgumentParser, grid) -> None:
             parser.error(f"--grid: {name!r} is not a DecodeConfig field; choose from {', '.join(sorted(fields))}")
         if not isinstance(values, list) or not values:
             parser.error(f"--grid: {name!r} needs a non-empty list of values, got {values!r}")
+        for value in values:
+            try:
+                DecodeConfig(**{name: value})
+            except (ValueError, TypeError) as e:
+                parser.error(f"--grid: {e}")
 
 
 def main(argv: list[str]) -> int:

@@ -406,7 +406,8 @@ def test_time_and_peak_warms_up_then_measures_on_the_cpu():
 
 
 @pytest.mark.parametrize("grid, message", [('{"block_m": [16]}', "not a DecodeConfig field"),
-                                           ('{"block_n": 32}', "non-empty list"), ('[1, 2]', "JSON object")])
+                                           ('{"block_n": 32}', "non-empty list"), ('[1, 2]', "JSON object"),
+                                           ('{"kv_heads_per_program": [1, 0]}', "kv_heads_per_program must be")])
 def test_bench_decode_grid_names_a_bad_field_before_any_gpu_work(grid, message, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "decode", "--sweep", "--grid", grid])

@@ -68,6 +68,14 @@ class DecodeConfig:
     pdl: bool = True
     kv_heads_per_program: int = 1
 
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"DecodeConfig.{field.name} must be a positive int, got {value!r}")
+        if self.block_n & (self.block_n - 1) or self.block_n < 16:
+            raise ValueError(f"DecodeConfig.block_n must be a power of two of at least 16, got {self.block_n}")
+
     @functools.cached_property
     def launch_config(self) -> LaunchConfig:
         return LaunchConfig(self.num_warps, self.num_stages)

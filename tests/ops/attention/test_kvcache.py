@@ -458,3 +458,18 @@ def test_device_configs_by_device_and_layout(monkeypatch):
             assert cfg.kv_heads_per_program == decode.DEFAULT_CONFIG.kv_heads_per_program
     finally:
         decode._device_configs.cache_clear()
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(kv_heads_per_program=0), "kv_heads_per_program"), (dict(programs_per_sm=-1), "programs_per_sm"),
+    (dict(block_n=48), "block_n"), (dict(num_warps=2.5), "num_warps"), (dict(max_splits=True), "max_splits"),
+])
+def test_bad_decode_config_names_the_field(changes, match):
+    """`bench decode --sweep --grid` and use_config build DecodeConfigs from user values: a bad one
+    is refused with the field's name, before any kernel sees it."""
+    from genoflash.ops.attention import decode
+
+    with pytest.raises(ValueError, match=match):
+        with decode.use_config(**changes):
+            pass
+    assert decode._override is None
