@@ -386,7 +386,8 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, ALIBI, CU_SEQL
               window_left, window_right, qk_scale_log2, softcap_in, softcap_out, alibi_to_raw, q_start, O,
               stride_o_row, stride_o_h, head_dim_v)
     # Registers (65,536 a block): 240 for each of two compute warpgroups, 160 for each of three; the
-    # load warp's warpgroup gives its own back (24 or 32).
+    # load warp's warpgroup gives its own back (24 or 32). The two lists are spelled out: Gluon
+    # (triton 3.6) cannot bind a (partition, arguments) pair to a variable to share between them.
     if NUM_Q == 2:
         gl.warp_specialize([
             (_fwd_compute_partition, (shared, 0, NUM_Q, ROWS, BLOCK_D, BLOCK_DV, BLOCK_N, NUM_STAGES, HAS_LEFT,
