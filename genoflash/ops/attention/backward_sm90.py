@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...backends import triton_interpreted
-from ..common.host import cdiv
+from ..common.host import MAX_GRID_YZ, cdiv
 from .args import AttentionArgs
 from . import descriptors
 from .configs import LIGHT_PASS, TileConfig, fits_in_free_memory, sm90_min_seqlen
@@ -598,12 +598,15 @@ def _accum_descriptor(t: torch.Tensor, block_m: int, head_dim: int) -> TensorDes
 
 
 def supports(q, k, v, dout, out, a: AttentionArgs) -> bool:
-    """Whether the kernel computes this backward (dtypes, head dims, features, alignment), whatever
-    the device; `applies` adds the device and the switches."""
+    """Whether the kernel computes this backward (dtypes, head dims, features, alignment, batch x
+    heads within the grids' second axis), whatever the device; `applies` adds the device and the
+    switches."""
     if q.dtype not in _GL_DTYPES or q.shape[-1] not in TILES or v.shape[-1] != q.shape[-1] or q.dim() != 4:
         return False
     if (a.varlen or a.rotary_dim or a.dropout is not None or a.alibi_slopes is not None or a.softcap > 0
             or a.window_left != -1 or a.window_right not in (-1, 0)):
+        return False
+    if q.shape[0] * q.shape[2] > MAX_GRID_YZ:  # the grids' second axis is (batch, head)
         return False
     return all(aligned(t) for t in (q, k, v, dout, out))
 

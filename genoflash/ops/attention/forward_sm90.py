@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ...backends import triton_interpreted
-from ..common.host import cdiv, next_power_of_2
+from ..common.host import MAX_GRID_YZ, cdiv, next_power_of_2
 from . import descriptors
 from .args import AttentionArgs
 from .backward_sm90 import _GL_DTYPES, _tile_descriptor
@@ -418,11 +418,14 @@ def padded(head_dim: int) -> int:
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttentionArgs) -> bool:
-    """Whether the kernel computes this forward (dtypes, head dims, features, alignment), whatever
-    the device; `applies` adds the device and the switches."""
+    """Whether the kernel computes this forward (dtypes, head dims, features, alignment, batch x heads
+    within the grid's second axis), whatever the device; `applies` adds the device and the switches."""
     if q.dtype not in _GL_DTYPES or max(q.shape[-1], v.shape[-1]) > 256:
         return False
     if a.rotary_dim or a.dropout is not None or q.dim() != (3 if a.varlen else 4):
+        return False
+    batch = a.cu_seqlens_q.numel() - 1 if a.varlen else q.shape[0]
+    if batch * q.shape[-2] > MAX_GRID_YZ:  # the grid's second axis is (batch, head)
         return False
     return all(aligned(t) for t in (q, k, v))
 

@@ -15,3 +15,7 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n for n >= 1 (0 for 0), as triton.next_power_of_2."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+# A CUDA grid's second and third axes stop at 65,535 programs (the first at 2^31 - 1).
+MAX_GRID_YZ = 65535

@@ -139,6 +139,10 @@ def test_dispatch_rule():
     q, k, v, dout, out = tensors()
     q_mis = torch.randn(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
     assert not backward_sm90.supports(q_mis, k, v, dout, out, args)
+    # batch x heads is the grids' second axis, which stops at 65,535 programs.
+    for batch, want in ((16383, True), (16384, False)):
+        many = [torch.randn(batch, 1, 4, 64, dtype=torch.bfloat16) for _ in range(5)]
+        assert backward_sm90.supports(*many, args) == want, batch
     # Not on a CPU tensor, nor with deterministic=True, nor under the interpreter.
     assert not backward_sm90.applies(q, k, v, dout, out, args)
     if ON_SM90:  # from MIN_SEQLEN queries or keys on, per head dim

@@ -255,6 +255,15 @@ def test_dispatch_rule():
     q, k, v = tensors()
     q_mis = torch.randn(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
     assert not forward_sm90.supports(q_mis, k, v, plain)
+    # batch x heads is the grid's second axis, which stops at 65,535 programs.
+    for batch, want in ((16383, True), (16384, False)):
+        assert forward_sm90.supports(*(torch.randn(batch, 1, 4, 16, dtype=torch.bfloat16) for _ in range(3)),
+                                     plain) == want, batch
+    many = torch.randn(65536, 1, 16, dtype=torch.bfloat16)
+    cu = torch.arange(0, 65537, dtype=torch.int32)  # 65,536 sequences of one token, one head
+    assert not forward_sm90.supports(many, many, many, AttentionArgs(0.1, cu_seqlens_q=cu, cu_seqlens_k=cu))
+    assert forward_sm90.supports(many[:65535], many[:65535], many[:65535],
+                                 AttentionArgs(0.1, cu_seqlens_q=cu[:65536], cu_seqlens_k=cu[:65536]))
     assert not forward_sm90.applies(q, k, v, plain)  # not on a CPU tensor, nor under the interpreter
     # Taken by default where it was measured faster (configs.sm90_forward_preferred), else where
     # override_configs says.
