@@ -15,8 +15,9 @@ Gluon one-pass backward (backward_sm90.py; its compute warps run at 240 register
 count is the launch's, and a spill is what to look for); --dq-rope-tma: RoPE's dQ pass with K and
 the tables by TMA; --key-chunk N: the forward over chunks of N keys; --causal, --softcap X,
 --alibi, --varlen and --gqa add those features (--heads-per-split N: GQA's dK/dV pass with the
-group split over programs). A kernel whose wgmma ptxas serialized (note C7515: no tensor-core
-pipelining) is marked WGMMA-SERIALIZED.
+group split over programs). A kernel whose wgmma ptxas serialized (notes C7514/C7515: no
+tensor-core pipelining) is marked WGMMA-SERIALIZED, one where it injected a wait for a wgmma in
+flight (C7517) WGMMA-WAIT-INJECTED.
 
 A change meant to keep the machine code as it is (Python moved, a helper renamed) is checked by
 writing --sass before and after and comparing the files: tools/sass_identity.py runs a set of cases
@@ -80,10 +81,14 @@ def ptxas_report(kernel) -> str:
     regs = re.search(r"Used (\d+) registers", out.stderr)
     spill = re.search(r"(\d+) bytes spill stores", out.stderr)
     report = f"regs {regs.group(1) if regs else '?'} spill-stores {spill.group(1) if spill else '?'}"
-    # ptxas note C7515: it made every wgmma of the kernel wait for the one before (no tensor-core
-    # pipelining), e.g. when a non-wgmma instruction writes an accumulator inside a pipeline stage.
-    if "C7515" in out.stderr:
+    # ptxas notes C7514 / C7515: it made every wgmma of the kernel wait for the one before (no
+    # tensor-core pipelining), e.g. when a non-wgmma instruction reads (C7514) or writes (C7515) an
+    # accumulator inside a pipeline stage. C7517: it injected a wait for the wgmma in flight before
+    # an instruction that uses registers it believes a wgmma defined (the overlap there is lost).
+    if "C7514" in out.stderr or "C7515" in out.stderr:
         report += " WGMMA-SERIALIZED"
+    if "C7517" in out.stderr:
+        report += " WGMMA-WAIT-INJECTED"
     return report
 
 
