@@ -75,11 +75,12 @@ def test_kernels_compile_for_sm90_without_serialised_wgmma(case):
 def test_gluon_backward_compiles_for_sm90_without_spills(case):
     """The Gluon one-pass backward (backward_sm90.py) builds for sm_90: its compute warps run at 240
     registers (setmaxnreg) beside two 24-register copy warps, where a spill would cost every step.
-    At head dim 256 (the wide kernel) each warpgroup holds a 64 x 256 float32 accumulator."""
+    At head dim 256 (the wide kernel) each warpgroup holds a 64 x 256 float32 accumulator. No wgmma
+    is serialised, nor has ptxas injected a wait for one (tools/offline_compile.py's WGMMA- marks)."""
     out = _offline_compile(case)
     lines = [line for line in out.stdout.splitlines() if "_attn_bwd_sm90_kernel " in line]
     assert len(lines) == 1, out.stdout
-    assert "spill-stores 0" in lines[0] and "WGMMA-SERIALIZED" not in lines[0], lines[0]
+    assert "spill-stores 0" in lines[0] and "WGMMA-" not in lines[0], lines[0]
     assert not any("_attn_bwd_dkdv_kernel" in line for line in out.stdout.splitlines()), out.stdout
 
 
@@ -91,11 +92,12 @@ def test_gluon_backward_compiles_for_sm90_without_spills(case):
 def test_gluon_forward_compiles_for_sm90_without_spills(case):
     """The Gluon forward (forward_sm90.py) builds for sm_90 at padded head dims (96 -> 128, 192 -> 256),
     Dv != D, every score modification and packed (varlen) sequences, its compute warps at 240
-    registers (two warpgroups) or 160 (three, where the head dims pad to 64) without a spill."""
+    registers (two warpgroups) or 160 (three, where the head dims pad to 64) without a spill, and
+    with no wgmma serialised or waited for by ptxas's own injection."""
     out = _offline_compile(case)
     lines = [line for line in out.stdout.splitlines() if "_attn_fwd_sm90_kernel " in line]
     assert len(lines) == 1, out.stdout
-    assert "spill-stores 0" in lines[0] and "WGMMA-SERIALIZED" not in lines[0], lines[0]
+    assert "spill-stores 0" in lines[0] and "WGMMA-" not in lines[0], lines[0]
     assert not any("_attn_fwd_kernel" in line for line in out.stdout.splitlines()), out.stdout
 
 
