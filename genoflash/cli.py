@@ -7,6 +7,7 @@
     genoflash bench attention    genoflash vs the peer kernels, TF/s and peak memory (GPU)
     genoflash bench decode       one decoding step against a long KV cache, beside SDPA and the HBM floor (GPU)
     genoflash bench generate     transformers generate(): per-token time with genoflash against sdpa (GPU)
+    genoflash bench train-step   transformers Llama training step: step time with genoflash against sdpa (GPU)
     genoflash bench extrapolation  a trained DNA LM's held-out loss against context, with plain RoPE, PI and NTK
     genoflash bench genome       attention, local+global, Hyena, Mamba as DNA LMs on a genome: bits/base vs context
     genoflash bench features     what windows, varlen, ALiBi, softcap, Dv != D, RoPE and dropout cost (GPU)
@@ -33,7 +34,7 @@ def _example(argv):
 def _bench(argv):
     parser = argparse.ArgumentParser(prog="genoflash bench")
     parser.add_argument("what", choices=["attention", "decode", "extrapolation", "features", "generate", "genome",
-                                         "memory", "mixers", "quality", "ring"])
+                                         "memory", "mixers", "quality", "ring", "train-step"])
     args, rest = parser.parse_known_args(argv)
     if args.what == "attention":
         from .bench.attention import main
@@ -53,6 +54,8 @@ def _bench(argv):
         from .bench.quality import main
     elif args.what == "ring":
         from .bench.ring import main
+    elif args.what == "train-step":
+        from .bench.train_step import main
     else:
         from .bench.memory import main
     return main(rest)
