@@ -100,21 +100,25 @@ def run_point(base, tokens: int, batch: int, implementations, rounds: int = ROUN
             torch.cuda.empty_cache()
     step = 1
     for _ in range(rounds):
-        for impl, (model, optimizer) in runs.items():
+        for impl, (model, optimizer) in list(runs.items()):
             use(model, impl)
             out = rec["implementations"][impl]
-            for i in range(steps):
-                ids = batch_for(step + i, tokens, batch, vocab, device)
-                if device.type == "cuda":
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    loss = train_step(model, optimizer, ids)
-                    end.record()
-                    end.synchronize()
-                    out["step_ms"].append(start.elapsed_time(end))
-                else:
-                    loss = train_step(model, optimizer, ids)
-                out["losses"].append(float(loss))
+            try:
+                for i in range(steps):
+                    ids = batch_for(step + i, tokens, batch, vocab, device)
+                    if device.type == "cuda":
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        loss = train_step(model, optimizer, ids)
+                        end.record()
+                        end.synchronize()
+                        out["step_ms"].append(start.elapsed_time(end))
+                    else:
+                        loss = train_step(model, optimizer, ids)
+                    out["losses"].append(float(loss))
+            except Exception as e:  # a failed step ends this implementation's run; the others go on
+                out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                del runs[impl]
         step += steps
     reference = next((r for r in rec["implementations"].values() if "first_loss" in r), None)
     for out in rec["implementations"].values():

@@ -458,25 +458,27 @@ def test_bench_extrapolation_scores_the_same_bases_at_every_context(tmp_path, mo
     assert not (genome.parent / (genome.name + ".fai")).exists()
 
 
-def test_train_step_compares_implementations_from_equal_weights(tmp_path):
+def test_train_step_compares_implementations_from_equal_weights():
     """`bench train-step`'s runner on a tiny Llama on the CPU: every implementation trains its own
     copy of the same weights, so the first step's loss agrees with sdpa's and eager's (float32 here:
-    to rounding); the later steps record each copy's own losses; an unknown implementation is
-    refused, naming the flag."""
+    to rounding), and so do the later steps' (genoflash's gradients moved its copy as sdpa's did);
+    the base model is left untouched; an unknown implementation is refused, naming the flag."""
     pytest.importorskip("transformers")
     from genoflash.bench import train_step
 
     base = train_step.build_model(torch.device("cpu"), dtype=torch.float32, max_tokens=256, vocab_size=64,
                                   hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=16)
-    rec = train_step.run_point(base, 77, 2, ["sdpa", "genoflash", "eager"], rounds=2, steps=1)
+    # lr 1e-2: a 10% error in genoflash's attention gradients moves the later losses by ~1e-3 (checked
+    # by scaling them), where rounding moves them by < 1e-6
+    rec = train_step.run_point(base, 77, 2, ["sdpa", "genoflash", "eager"], rounds=2, steps=1, lr=1e-2)
     runs = rec["implementations"]
     assert set(runs) == {"sdpa", "genoflash", "eager"}
     for name, run in runs.items():
         assert "error" not in run, name
         assert len(run["losses"]) == 3 and all(math.isfinite(x) for x in run["losses"])
         assert abs(run["loss_vs_reference"]) < 1e-5, name
-    assert runs["genoflash"]["losses"][1] != runs["genoflash"]["losses"][0]  # it trained
+        assert all(abs(a - b) < 1e-4 for a, b in zip(run["losses"], runs["sdpa"]["losses"])), name
     assert base.model.layers[0].self_attn.q_proj.weight.grad is None  # the copies trained, not the base
     with pytest.raises(SystemExit):
         train_step.main(["--implementations", "genoflash,flash"])
