@@ -31,6 +31,9 @@ CUDA = torch.device("cuda")
 # flash backend), as a second baseline: cuDNN builds an execution plan per new key length.
 IMPLEMENTATIONS = ("genoflash", "sdpa", "sdpa-no-cudnn", "eager")
 REPEATS = 5  # timed generate() calls per point and implementation; the median is reported
+# The Llama-style model of this benchmark and of `bench train-step` (GQA 4:1, head dim 128).
+LLAMA = dict(vocab_size=4096, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, head_dim=128)
 
 
 def build_model(layers: int = 8):
@@ -38,18 +41,18 @@ def build_model(layers: int = 8):
 
     import genoflash.integrations.transformers  # noqa: F401  (registers "genoflash")
 
-    config = transformers.LlamaConfig(vocab_size=4096, hidden_size=2048, intermediate_size=5632,
-                                      num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
-                                      head_dim=128, max_position_embeddings=131072)
+    config = transformers.LlamaConfig(**{**LLAMA, "num_hidden_layers": layers}, max_position_embeddings=131072)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="genoflash",
                                                        dtype=torch.bfloat16)
     return model.to(CUDA).eval()
 
 
-def _use(model, implementation: str) -> None:
+def use_implementation(model, implementation: str) -> None:
+    """Switch the model's attention; "sdpa-no-cudnn" is sdpa with SDPA's cuDNN backend off."""
     model.set_attn_implementation("sdpa" if implementation == "sdpa-no-cudnn" else implementation)
-    torch.backends.cuda.enable_cudnn_sdp(implementation != "sdpa-no-cudnn")
+    if torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(implementation != "sdpa-no-cudnn")
 
 
 def _generate(model, ids, mask, cache, new_tokens: int):
@@ -63,14 +66,14 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
     torch.manual_seed(prompt + batch)
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=CUDA)
     mask = torch.ones_like(ids)
-    _use(model, "genoflash")
+    use_implementation(model, "genoflash")
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(ids[:, :-1], attention_mask=mask[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
     rec = {"batch": batch, "prompt": prompt, "new_tokens": new_tokens, "implementations": {}}
     tokens, times = {}, {}
     for impl in implementations:  # warm-up: every key length of the timed runs, once
-        _use(model, impl)
+        use_implementation(model, impl)
         try:
             _generate(model, ids, mask, copy.deepcopy(cache), new_tokens)
             times[impl] = []
@@ -79,7 +82,7 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
         torch.cuda.empty_cache()
     for _ in range(REPEATS):
         for impl in list(times):
-            _use(model, impl)
+            use_implementation(model, impl)
             run_cache = copy.deepcopy(cache)
             try:
                 torch.cuda.synchronize()
@@ -102,7 +105,7 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
             same = (t == tokens["eager"]).all(dim=0)
             rec["implementations"][impl]["tokens_equal_eager"] = bool(same.all())
             rec["implementations"][impl]["steps_equal_eager"] = int(same.cumprod(0).sum())
-    _use(model, "genoflash")
+    use_implementation(model, "genoflash")
     g = rec["implementations"].get("genoflash", {}).get("ms_per_token")
     for base in ("sdpa", "sdpa-no-cudnn"):
         b = rec["implementations"].get(base, {}).get("ms_per_token")

@@ -28,33 +28,26 @@ from pathlib import Path
 import torch
 
 from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
+from .generate import LLAMA, use_implementation
 
 # "sdpa-no-cudnn": transformers' sdpa with SDPA's cuDNN backend switched off (torch then takes its
 # flash backend), a second baseline, as in `bench generate`.
 IMPLEMENTATIONS = ("genoflash", "sdpa", "sdpa-no-cudnn")
 ROUNDS = 3  # rounds of timed steps, the implementations in turn
 STEPS = 4  # timed steps per implementation and round
-MODEL = dict(vocab_size=4096, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
-             num_key_value_heads=4, head_dim=128)
 
 
 def build_model(device: torch.device, dtype: torch.dtype = torch.bfloat16, max_tokens: int = 131072, **sizes):
-    """The Llama-style model (MODEL, or `sizes` instead), with genoflash registered in transformers."""
+    """`bench generate`'s Llama-style model (LLAMA, or `sizes` instead), with genoflash registered in
+    transformers, in training mode."""
     import transformers
 
     import genoflash.integrations.transformers  # noqa: F401  (registers "genoflash")
 
-    config = transformers.LlamaConfig(**{**MODEL, **sizes}, max_position_embeddings=max_tokens)
+    config = transformers.LlamaConfig(**{**LLAMA, **sizes}, max_position_embeddings=max_tokens)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
     return model.to(device).train()
-
-
-def use(model, implementation: str) -> None:
-    """Switch the model's attention; "sdpa-no-cudnn" is sdpa with SDPA's cuDNN backend off."""
-    model.set_attn_implementation("sdpa" if implementation == "sdpa-no-cudnn" else implementation)
-    if torch.cuda.is_available():
-        torch.backends.cuda.enable_cudnn_sdp(implementation != "sdpa-no-cudnn")
 
 
 def batch_for(step: int, tokens: int, batch: int, vocab: int, device: torch.device) -> torch.Tensor:
@@ -87,7 +80,7 @@ def run_point(base, tokens: int, batch: int, implementations, rounds: int = ROUN
     runs = {}
     for impl in implementations:
         model = copy.deepcopy(base)
-        use(model, impl)
+        use_implementation(model, impl)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
         try:  # the untimed first step: the same weights and data for all, so its loss is compared
             first = float(train_step(model, optimizer, batch_for(0, tokens, batch, vocab, device)))
@@ -101,7 +94,7 @@ def run_point(base, tokens: int, batch: int, implementations, rounds: int = ROUN
     step = 1
     for _ in range(rounds):
         for impl, (model, optimizer) in list(runs.items()):
-            use(model, impl)
+            use_implementation(model, impl)
             out = rec["implementations"][impl]
             try:
                 for i in range(steps):
