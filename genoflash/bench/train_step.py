@@ -56,8 +56,9 @@ def batch_for(step: int, tokens: int, batch: int, vocab: int, device: torch.devi
     return torch.randint(0, vocab, (batch, tokens), generator=gen).to(device)
 
 
-def train_step(model, optimizer, ids: torch.Tensor) -> float:
-    """One step: the LM loss of ids (labels = inputs, shifted inside the model), its backward, AdamW."""
+def train_step(model, optimizer, ids: torch.Tensor) -> torch.Tensor:
+    """One step: the LM loss of ids (labels = inputs, shifted inside the model), its backward, AdamW.
+    Returns the loss, detached (still on the device: reading it would wait for the step)."""
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     optimizer.step()
@@ -154,6 +155,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens: comma-separated integers, got {args.tokens!r}")
+    for flag, values in (("--tokens", tokens), ("--batch", [args.batch]), ("--rounds", [args.rounds]),
+                         ("--steps", [args.steps])):
+        if min(values) < 1:
+            parser.error(f"{flag} must be >= 1, got {min(values)}")
     implementations = args.implementations.split(",")
     unknown = sorted(set(implementations) - set(IMPLEMENTATIONS) - {"eager"})
     if unknown:
@@ -164,7 +173,6 @@ def main(argv: list[str]) -> int:
     import transformers
 
     device = torch.device("cuda")
-    tokens = [int(t) for t in args.tokens.split(",")]
     base = build_model(device, max_tokens=max(tokens))
     metadata = run_metadata(device, dtype="bf16", transformers=transformers.__version__,
                             model="Llama-style, 8 layers, hidden 2048, 16 heads x 128, 4 KV heads, vocab 4096",

@@ -462,7 +462,8 @@ def test_train_step_compares_implementations_from_equal_weights():
     """`bench train-step`'s runner on a tiny Llama on the CPU: every implementation trains its own
     copy of the same weights, so the first step's loss agrees with sdpa's and eager's (float32 here:
     to rounding), and so do the later steps' (genoflash's gradients moved its copy as sdpa's did);
-    the base model is left untouched; an unknown implementation is refused, naming the flag."""
+    the base model is left untouched; an unknown implementation, a length that is not a positive
+    integer and zero steps are refused, naming the flag."""
     pytest.importorskip("transformers")
     from genoflash.bench import train_step
 
@@ -480,6 +481,7 @@ def test_train_step_compares_implementations_from_equal_weights():
         assert abs(run["loss_vs_reference"]) < 1e-5, name
         assert all(abs(a - b) < 1e-4 for a, b in zip(run["losses"], runs["sdpa"]["losses"])), name
     assert base.model.layers[0].self_attn.q_proj.weight.grad is None  # the copies trained, not the base
-    with pytest.raises(SystemExit):
-        train_step.main(["--implementations", "genoflash,flash"])
+    for bad in (["--implementations", "genoflash,flash"], ["--tokens", "4k"], ["--tokens", "4096,0"], ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            train_step.main(bad)
     assert train_step.bf16_spacing(4.0) == 2.0 ** -5
