@@ -18,7 +18,7 @@ import functools
 import torch
 
 from ...backends import triton_interpreted
-from ..common.host import cdiv
+from ..common.host import cdiv, sm_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,10 +264,6 @@ DKDV_GROUP_SPLIT_TARGET_WAVES = 4
 DKDV_GROUP_SPLIT_MIN_FLOPS = 2**35
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def dkdv_group_split(kv_group: int, programs: int, flops: float, device: torch.device) -> int:
     """Query heads per dK/dV program (kv_group: no split; fewer: the group's heads are split over
     ceil(kv_group / this) programs per key tile), for `programs` unsplit programs doing `flops` of
@@ -277,7 +273,7 @@ def dkdv_group_split(kv_group: int, programs: int, flops: float, device: torch.d
         return max(1, min(kv_group, int(_override["dkdv_heads_per_split"])))  # type: ignore[arg-type]
     if kv_group == 1 or device.type != "cuda" or triton_interpreted() or flops < DKDV_GROUP_SPLIT_MIN_FLOPS:
         return kv_group
-    sms = _sm_count(device)
+    sms = sm_count(device)
     if programs >= DKDV_GROUP_SPLIT_MIN_WAVES * sms:
         return kv_group
     splits = min(kv_group, cdiv(DKDV_GROUP_SPLIT_TARGET_WAVES * sms, programs))

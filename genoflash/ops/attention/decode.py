@@ -40,7 +40,7 @@ from triton.runtime import driver
 
 from ...backends import triton_interpreted
 from ...settings import current as current_settings
-from ..common.host import cdiv, next_power_of_2
+from ..common.host import cdiv, next_power_of_2, sm_count
 from .configs import LaunchConfig
 from .kernel_args import input_precision
 from . import launch as launcher, plans
@@ -263,12 +263,9 @@ def _has_pdl(device_index: int) -> bool:
     return device_index >= 0 and not triton_interpreted() and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-@functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     """SMs of a CUDA device; the interpreter's stand-in count for the CPU (index -1)."""
-    if device_index < 0:
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return INTERPRETER_SMS if device_index < 0 else sm_count(device_index)
 
 
 def _splits_for(programs: int, sms: int, cfg: DecodeConfig) -> int:

@@ -6,6 +6,10 @@ paid on every launch where host time bounds the step (attention at N = 512, Hyen
 
 from __future__ import annotations
 
+import functools
+
+import torch
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling of a / b for b > 0."""
@@ -19,3 +23,16 @@ def next_power_of_2(n: int) -> int:
 
 # A CUDA grid's second and third axes stop at 65,535 programs (the first at 2^31 - 1).
 MAX_GRID_YZ = 65535
+
+
+def sm_count(device: torch.device | int) -> int:
+    """Multiprocessors of a CUDA device (a torch.device, its index, or a device without an index
+    for the current one). Cached per index: launch code asks on every call."""
+    if isinstance(device, torch.device):
+        device = device.index if device.index is not None else torch.cuda.current_device()
+    return _sm_count(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

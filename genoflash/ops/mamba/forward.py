@@ -46,13 +46,11 @@ Steps past the sequence end get dt = 0 and u = 0: decay 1, nothing added, the st
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from ..common.host import cdiv, next_power_of_2
+from ..common.host import cdiv, next_power_of_2, sm_count
 from .chunk_states import carry_walk
 from .recurrence import _decay, _sigmoid, _softplus, chunk_blocks, kernel_flags, strides3
 
@@ -412,11 +410,6 @@ def _seq_out_kernel(U, DELTA, DELTA_BIAS, A, B, C, D, Z, H_SEG, OUT, H_CHUNK, P_
 # ---------------------------------------------------------------- launch
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: torch.device,
            interpreted: bool, chunks_per_segment: int | None = None) -> dict:
     """Tile sizes and the segment length.
@@ -437,7 +430,7 @@ def config(batch: int, seqlen: int, dim: int, dstate: int, chunk: int, device: t
         chunks_per_seg = 1
     else:
         rows = batch * cdiv(dim, block_d)
-        segments = max(1, cdiv(PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else 0), rows))
+        segments = max(1, cdiv(PROGRAMS_PER_SM * sm_count(device), rows))
         chunks_per_seg = cdiv(n_chunks, segments)
     padded = cdiv(dstate, group) * group
     return dict(BLOCK_D=block_d, DSTATE=padded, GROUP=group, ROWS_AHEAD=ROWS_AHEAD, PREFETCH=not interpreted,

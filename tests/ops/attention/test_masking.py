@@ -164,7 +164,7 @@ def test_dkdv_group_split_policy(monkeypatch):
     for the target waves."""
     from genoflash.ops.attention import configs
     monkeypatch.setattr(configs, "triton_interpreted", lambda: False)
-    monkeypatch.setattr(configs, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(configs, "sm_count", lambda device: 132)
     cuda, big = torch.device("cuda"), 2.0**42  # the dK/dV FLOPs of H16 N16k hd128
     assert configs.dkdv_group_split(1, 128, big, cuda) == 1  # MHA: nothing to split
     assert configs.dkdv_group_split(16, 128, big, cuda) == 4  # MQA H16 N16k: 5 splits asked, 4 of 4 heads
