@@ -20,6 +20,7 @@ goes through unchanged.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from transformers import AttentionInterface
@@ -146,11 +147,29 @@ def _common_dtype(module: torch.nn.Module, q, k, v):
     return q.to(target), k.to(target), v.to(target)
 
 
+# The last position_ids read, (a weak reference to the tensor, its in-place version, the answer):
+# telling a packed batch from one sequence reads position_ids on the host, a device sync, and
+# every layer of a forward gets the same tensor, so it is read once per forward, not per layer.
+_boundaries_read: tuple = (None, -1, None)
+
+
 def _packed_boundaries(position_ids, batch: int, q_len: int, kv_len: int):
     """cu_seqlens of a padding-free packed batch, told by position_ids restarting at 0 (as
     transformers' FlashAttention path reads them), or None for an ordinary batch."""
+    global _boundaries_read
     if position_ids is None or batch != 1 or q_len != kv_len or position_ids.shape[-1] != q_len:
         return None
+    if position_ids.is_inference():  # (no version counter: read each time)
+        return _read_boundaries(position_ids, q_len)
+    ref, version, cu = _boundaries_read
+    if ref is not None and ref() is position_ids and version == position_ids._version:
+        return cu
+    cu = _read_boundaries(position_ids, q_len)
+    _boundaries_read = (weakref.ref(position_ids), position_ids._version, cu)
+    return cu
+
+
+def _read_boundaries(position_ids, q_len: int):
     pos = position_ids.reshape(-1)
     if torch.equal(pos, torch.arange(q_len, device=pos.device) + pos.min()):
         return None  # one sequence

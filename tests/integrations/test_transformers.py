@@ -179,6 +179,33 @@ def test_packed_batch_equals_separate_sequences():
     torch.testing.assert_close(got, separate, rtol=1e-4, atol=1e-4)
 
 
+def test_packing_is_read_once_per_position_ids_tensor(monkeypatch):
+    """Telling a packed batch from one sequence reads position_ids on the host (a device sync); the
+    layers of one forward share the tensor, so it is read once, and again only for another tensor or
+    after an in-place change. Inference tensors (no version counter) are read each time."""
+    from genoflash.integrations import transformers as integration
+
+    reads = []
+    real = integration._read_boundaries
+    monkeypatch.setattr(integration, "_read_boundaries", lambda pos, n: reads.append(n) or real(pos, n))
+    one = torch.arange(5)[None]
+    for _ in range(3):  # three layers
+        assert integration._packed_boundaries(one, 1, 5, 5) is None
+    assert len(reads) == 1
+    packed = torch.tensor([[0, 1, 2, 0, 1]])
+    assert integration._packed_boundaries(packed, 1, 5, 5).tolist() == [0, 3, 5]
+    assert integration._packed_boundaries(packed, 1, 5, 5).tolist() == [0, 3, 5]
+    assert len(reads) == 2
+    packed[0, 3:] = torch.tensor([3, 4])  # now one sequence, changed in place
+    assert integration._packed_boundaries(packed, 1, 5, 5) is None
+    assert len(reads) == 3
+    with torch.inference_mode():
+        frozen = torch.tensor([[0, 1, 0, 1, 2]])
+    assert integration._packed_boundaries(frozen, 1, 5, 5).tolist() == [0, 2, 5]
+    assert integration._packed_boundaries(frozen, 1, 5, 5).tolist() == [0, 2, 5]
+    assert len(reads) == 5
+
+
 def test_output_attentions_is_a_clear_error():
     ours = tiny_llama("genoflash")
     with pytest.raises(ValueError, match="output_attentions"):
