@@ -6,8 +6,10 @@ flash-attn-4 is a peer, never a dependency: this runs in a virtual environment o
 flash-attn-4's wheels for the local Python (its CuTe DSL compiles without a GPU under torch's
 FakeTensorMode, FLASH_ATTENTION_ARCH=sm_90 and CUTE_DSL_ARCH=sm_90a), and triton 3.6 for nvdisasm:
 
-    python -m venv /tmp/fa4venv && /tmp/fa4venv/bin/pip install torch==2.13.0 triton==3.6.0 \\
-        flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 cuda-python einops protobuf "numpy<2.3"
+    python -m venv /tmp/fa4venv && cd /tmp && /tmp/fa4venv/bin/pip install torch==2.13.0 triton==3.6.0 \
+        "numpy<2.3" einops protobuf "cuda-python>=13,<14" apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
+    /tmp/fa4venv/bin/pip install --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 \
+        nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
     /tmp/fa4venv/bin/python benchmarks/experiments/attention/fa4_sass.py OUT.json [--genoflash-sass D:CAUSAL:DIR ...]
 
 `--genoflash-sass 128:1:DIR` (repeatable; head dim, causal 0/1, directory) reads genoflash's kernel
