@@ -97,11 +97,10 @@ def _opcode(instruction: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
 
 
-def mma_loops(sass: str) -> list[tuple[int, int, dict]]:
-    """(start, end, opcode counts) of each loop (a backward branch) holding tensor-core
+def mma_loop_bodies(sass: str) -> list[tuple[int, int, list[str]]]:
+    """(start, end, instructions) of each loop (a backward branch) holding tensor-core
     instructions (HGMMA), innermost first, then in program order: the key loops whose per-tile
-    work this tool compares."""
-    from collections import Counter
+    work this tool compares (benchmarks/experiments/attention/fa4_sass.py reads flash-attn-4's too)."""
     labels, instrs = {}, []
     for line in sass.splitlines():
         label = re.match(r"^\s*(\.L_x_\d+):", line)
@@ -114,13 +113,19 @@ def mma_loops(sass: str) -> list[tuple[int, int, dict]]:
     for end, ins in enumerate(instrs):
         target = re.search(r"BRA\s+(?:`\()?(\.L_x_\d+)", ins)
         if target and labels.get(target.group(1), end + 1) < end:
-            ops = Counter(_opcode(i) for i in instrs[labels[target.group(1)]:end + 1])
-            if ops.get("HGMMA"):
-                loops.append((labels[target.group(1)], end, ops))
+            body = instrs[labels[target.group(1)]:end + 1]
+            if any(_opcode(i) == "HGMMA" for i in body):
+                loops.append((labels[target.group(1)], end, body))
 
     def holds_another(loop):
         return any(other is not loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops)
     return sorted(loops, key=lambda loop: (holds_another(loop), loop[0]))
+
+
+def mma_loops(sass: str) -> list[tuple[int, int, dict]]:
+    """mma_loop_bodies' loops with the count of each opcode in place of the instructions."""
+    from collections import Counter
+    return [(start, end, Counter(_opcode(i) for i in body)) for start, end, body in mma_loop_bodies(sass)]
 
 
 def dump_sass(kernel, path: str) -> dict:

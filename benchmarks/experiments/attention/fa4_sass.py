@@ -43,32 +43,24 @@ os.environ["CUTE_DSL_DUMP_DIR"] = DUMP_DIR
 CASES = [(128, False), (128, True), (64, False)]  # (head dim, causal): the genomic shapes' head dims
 
 
-def _opcode(instruction: str) -> str:
-    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
+def _offline_compile():
+    """tools/offline_compile.py as a module (tools/ is not a package): its SASS loop reader."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tools", "offline_compile.py")
+    spec = importlib.util.spec_from_file_location("offline_compile", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main_loop(sass: str) -> dict:
-    """The innermost loop (a backward branch) holding HGMMA: its length and opcode counts, and its
-    synchronisation in order (barriers, shared-memory barrier waits and arrives, wgmma waits)."""
-    labels, instrs = {}, []
-    for line in sass.splitlines():
-        label = re.match(r"^\s*(\.L_x_\d+):", line)
-        if label:
-            labels[label.group(1)] = len(instrs)
-        ins = re.match(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-        if ins:
-            instrs.append(ins.group(1))
-    loops = []
-    for end, ins in enumerate(instrs):
-        target = re.search(r"BRA\s+(?:`\()?(\.L_x_\d+)", ins)
-        if target and labels.get(target.group(1), end + 1) < end:
-            body = instrs[labels[target.group(1)]:end + 1]
-            if any(_opcode(i) == "HGMMA" for i in body):
-                loops.append(body)
-    body = min(loops, key=len)  # innermost
+    """The innermost loop holding HGMMA: its length and opcode counts, and its synchronisation in
+    order (barriers, shared-memory barrier waits and arrives, wgmma issues and waits)."""
+    tool = _offline_compile()
+    _, _, body = tool.mma_loop_bodies(sass)[0]
     sync = [re.sub(r"\s+", " ", i) for i in body
             if re.search(r"BAR\.|SYNCS\.(ARRIVE|PHASECHK)|WARPGROUP\.DEPBAR|HGMMA.*(gsb0|!UPT)", i)]
-    return {"instructions": len(body), "opcodes": dict(Counter(_opcode(i) for i in body).most_common()),
+    return {"instructions": len(body), "opcodes": dict(Counter(tool._opcode(i) for i in body).most_common()),
             "sync_in_order": sync}
 
 
