@@ -10,11 +10,14 @@ FakeTensorMode, FLASH_ATTENTION_ARCH=sm_90 and CUTE_DSL_ARCH=sm_90a), and triton
         "numpy<2.3" einops protobuf "cuda-python>=13,<14" apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
     /tmp/fa4venv/bin/pip install --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 \
         nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
-    /tmp/fa4venv/bin/python benchmarks/experiments/attention/fa4_sass.py OUT.json [--genoflash-sass D:CAUSAL:DIR ...]
+    /tmp/fa4venv/bin/python benchmarks/experiments/attention/fa4_sass.py OUT.json [--forward]
+                                                                         [--genoflash-sass D:CAUSAL:DIR ...]
 
 `--genoflash-sass 128:1:DIR` (repeatable; head dim, causal 0/1, directory) reads genoflash's kernel
 for that case from a `tools/offline_compile.py plain 128 --causal --sm90-backward --sass DIR` run,
-so that both loops land in one report. The JSON has
+so that both loops land in one report (--forward: the forward kernels, genoflash's from a
+`--sm90-forward --sass DIR` run; its main loop holds the masked and the unmasked tile's code, of which
+one runs per tile, so its count is the sum of both). The JSON has
 each case's configuration, flash-attn-4's loop summary (instructions per thread and iteration, and
 the opcode counts) and, where given, genoflash's.
 """
@@ -64,33 +67,39 @@ def main_loop(sass: str) -> dict:
             "sync_in_order": sync}
 
 
-def fa4_sass(head_dim: int, causal: bool) -> tuple[str, dict]:
+def fa4_sass(head_dim: int, causal: bool, forward: bool) -> tuple[str, dict]:
+    """flash-attn-4's sm_90 backward (or forward) kernel for (1, 16384, 16, head_dim) bf16 inputs, as
+    SASS, with its tile configuration (the backward's is its own table's, `_tile_size_bwd_sm90`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from flash_attn.cute import interface
 
     started = time.time()
-    cfg = interface._tile_size_bwd_sm90(head_dim, head_dim, causal, False)
+    cfg = {} if forward else interface._tile_size_bwd_sm90(head_dim, head_dim, causal, False)
     with FakeTensorMode():
         b, n, h = 1, 16384, 16
         q, k, v, out, dout = (torch.empty(b, n, h, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(5))
         lse = torch.empty(b, h, n, dtype=torch.float32, device="cuda")
-        interface._flash_attn_bwd(q, k, v, out, dout, lse, causal=causal, m_block_size=cfg.m_block_size,
-                                  n_block_size=cfg.n_block_size, num_stages_Q=cfg.num_stages_Q,
-                                  num_stages_dO=cfg.num_stages_dO, SdP_swapAB=cfg.SdP_swapAB,
-                                  dKV_swapAB=cfg.dKV_swapAB, dQ_swapAB=cfg.dQ_swapAB,
-                                  AtomLayoutMSdP=cfg.AtomLayoutMSdP, AtomLayoutNdKV=cfg.AtomLayoutNdKV,
-                                  AtomLayoutMdQ=cfg.AtomLayoutMdQ)
+        if forward:
+            interface._flash_attn_fwd(q, k, v, causal=causal)
+        else:
+            interface._flash_attn_bwd(q, k, v, out, dout, lse, causal=causal, m_block_size=cfg.m_block_size,
+                                      n_block_size=cfg.n_block_size, num_stages_Q=cfg.num_stages_Q,
+                                      num_stages_dO=cfg.num_stages_dO, SdP_swapAB=cfg.SdP_swapAB,
+                                      dKV_swapAB=cfg.dKV_swapAB, dQ_swapAB=cfg.dQ_swapAB,
+                                      AtomLayoutMSdP=cfg.AtomLayoutMSdP, AtomLayoutNdKV=cfg.AtomLayoutNdKV,
+                                      AtomLayoutMdQ=cfg.AtomLayoutMdQ)
     # (the file name is the kernel's signature, the same for every case: the one written by this compile)
-    cubin = [f for f in glob.glob(os.path.join(DUMP_DIR, "*bwd_sm90*.cubin")) if os.path.getmtime(f) >= started]
-    assert len(cubin) == 1, f"expected one sm_90 backward cubin written in {DUMP_DIR}, found {cubin}"
+    kind = "fwd_sm90" if forward else "bwd_sm90"
+    cubin = [f for f in glob.glob(os.path.join(DUMP_DIR, f"*{kind}*.cubin")) if os.path.getmtime(f) >= started]
+    assert len(cubin) == 1, f"expected one sm_90 {kind} cubin written in {DUMP_DIR}, found {cubin}"
     from triton.backends.nvidia.compiler import get_ptxas
     nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
     sass = subprocess.run([nvdisasm, "-c", cubin[0]], capture_output=True, text=True, check=True).stdout
     return sass, {k: getattr(cfg, k) for k in ("m_block_size", "n_block_size", "num_stages_Q", "num_stages_dO",
                                                  "SdP_swapAB", "dKV_swapAB", "dQ_swapAB", "AtomLayoutMSdP",
-                                                 "AtomLayoutNdKV", "AtomLayoutMdQ")}
+                                                 "AtomLayoutNdKV", "AtomLayoutMdQ") if cfg}
 
 
 def main(argv):
@@ -109,15 +118,18 @@ def main(argv):
                            "versions": {p: importlib.metadata.version(p) for p in
                                         ("flash-attn-4", "nvidia-cutlass-dsl", "torch", "triton")}},
               "cases": []}
+    forward = "--forward" in argv
+    report["metadata"]["kernels"] = "forward" if forward else "backward"
     for head_dim, causal in CASES:
-        sass, cfg = fa4_sass(head_dim, causal)
+        sass, cfg = fa4_sass(head_dim, causal, forward)
         case = {"head_dim": head_dim, "causal": causal, "flash_attn_4": {"config": cfg, **main_loop(sass)}}
         if (head_dim, causal) in ours:
-            with open(os.path.join(ours[(head_dim, causal)], "_attn_bwd_sm90_kernel.sass")) as f:
+            name = "_attn_fwd_sm90_kernel.sass" if forward else "_attn_bwd_sm90_kernel.sass"
+            with open(os.path.join(ours[(head_dim, causal)], name)) as f:
                 case["genoflash"] = main_loop(f.read())
         report["cases"].append(case)
-        print(f"hd{head_dim}{' causal' if causal else ''}: flash-attn-4 m={cfg['m_block_size']} "
-              f"{case['flash_attn_4']['instructions']} instructions a step"
+        print(f"hd{head_dim}{' causal' if causal else ''}: flash-attn-4 {cfg.get('m_block_size', '')} "
+              f"{case['flash_attn_4']['instructions']} instructions an iteration"
               + (f", genoflash {case['genoflash']['instructions']}" if "genoflash" in case else ""), flush=True)
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
