@@ -92,7 +92,7 @@ def ptxas_report(kernel) -> str:
     return report
 
 
-def _opcode(instruction: str) -> str:
+def opcode(instruction: str) -> str:
     """'@!P0 IMAD.WIDE.U32 R2, ...' -> 'IMAD' (predicate and modifiers dropped)."""
     return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
 
@@ -114,7 +114,7 @@ def mma_loop_bodies(sass: str) -> list[tuple[int, int, list[str]]]:
         target = re.search(r"BRA\s+(?:`\()?(\.L_x_\d+)", ins)
         if target and labels.get(target.group(1), end + 1) < end:
             body = instrs[labels[target.group(1)]:end + 1]
-            if any(_opcode(i) == "HGMMA" for i in body):
+            if any(opcode(i) == "HGMMA" for i in body):
                 loops.append((labels[target.group(1)], end, body))
 
     def holds_another(loop):
@@ -125,7 +125,7 @@ def mma_loop_bodies(sass: str) -> list[tuple[int, int, list[str]]]:
 def mma_loops(sass: str) -> list[tuple[int, int, dict]]:
     """mma_loop_bodies' loops with the count of each opcode in place of the instructions."""
     from collections import Counter
-    return [(start, end, Counter(_opcode(i) for i in body)) for start, end, body in mma_loop_bodies(sass)]
+    return [(start, end, Counter(opcode(i) for i in body)) for start, end, body in mma_loop_bodies(sass)]
 
 
 def dump_sass(kernel, path: str) -> dict:

@@ -63,7 +63,7 @@ def main_loop(sass: str) -> dict:
     _, _, body = tool.mma_loop_bodies(sass)[0]
     sync = [re.sub(r"\s+", " ", i) for i in body
             if re.search(r"BAR\.|SYNCS\.(ARRIVE|PHASECHK)|WARPGROUP\.DEPBAR|HGMMA.*(gsb0|!UPT)", i)]
-    return {"instructions": len(body), "opcodes": dict(Counter(tool._opcode(i) for i in body).most_common()),
+    return {"instructions": len(body), "opcodes": dict(Counter(tool.opcode(i) for i in body).most_common()),
             "sync_in_order": sync}
 
 
