@@ -200,6 +200,17 @@ def results_stem(out: Path, metadata: dict, kind: str | None) -> Path:
     return out / "-".join(part for part in (device, metadata["date"][:10], kind) if part)
 
 
+def error_text(e: BaseException, limit: int = 200) -> str:
+    """What a results file records of a case that failed: the exception's type and the first line of
+    its message, cut to `limit` characters (an empty message gives the type alone)."""
+    return f"{type(e).__name__}: {first_line(e)[:limit]}"
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message ('' for an empty one)."""
+    return (str(e).splitlines() or [""])[0]
+
+
 def write_json(path: Path, report: Any) -> None:
     path.write_text(json.dumps(report, indent=1) + "\n")
 

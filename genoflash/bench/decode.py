@@ -34,7 +34,7 @@ import torch
 
 from .. import settings
 from ..ops.attention import flash_attn_with_kvcache
-from .common import (RESULTS_DIR, median_ms, pyplot, results_stem, run_metadata, save_figure, title_stamp,
+from .common import (RESULTS_DIR, error_text, median_ms, pyplot, results_stem, run_metadata, save_figure, title_stamp,
                      write_json)
 from .mixers import copy_bandwidth_gbps
 
@@ -80,7 +80,7 @@ def _timed(fn) -> dict:
         torch.cuda.synchronize()
         return {"ms": median_ms(fn, CUDA), "out": out}
     except Exception as e:  # a provider that cannot run this case says why; the others go on
-        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        return {"error": error_text(e)}
 
 
 def run_case(name: str, batch: int, seqlen_k: int, nheads: int, nheads_k: int, floor_gbps: float) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
+from .common import RESULTS_DIR, error_text, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
 
 CUDA = torch.device("cuda")
 # "sdpa-no-cudnn": transformers' sdpa with SDPA's cuDNN backend switched off (torch then takes its
@@ -78,7 +78,7 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
             _generate(model, ids, mask, copy.deepcopy(cache), new_tokens)
             times[impl] = []
         except Exception as e:  # e.g. eager out of memory: record it, go on
-            rec["implementations"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            rec["implementations"][impl] = {"error": error_text(e)}
         torch.cuda.empty_cache()
     for _ in range(REPEATS):
         for impl in list(times):
@@ -90,7 +90,7 @@ def run_point(model, batch: int, prompt: int, new_tokens: int, implementations) 
                 out = _generate(model, ids, mask, run_cache, new_tokens)
                 torch.cuda.synchronize()
             except Exception as e:  # out of memory beside the copy, say: this implementation stops here
-                rec["implementations"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                rec["implementations"][impl] = {"error": error_text(e)}
                 del times[impl]
                 continue
             finally:

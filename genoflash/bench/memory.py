@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import flash_attn_func, use_backend
-from .common import (RESULTS_DIR, free_cached_memory, measure_once, pyplot, results_stem, run_metadata,
+from .common import (RESULTS_DIR, first_line, free_cached_memory, measure_once, pyplot, results_stem, run_metadata,
                      save_figure, title_stamp, write_json)
 
 NHEADS, HEADDIM = 8, 128
@@ -70,7 +70,7 @@ def peak_gib(fn, seqlen: int, mode: str) -> float | str:
     except torch.cuda.OutOfMemoryError:
         return "out of memory"
     except RuntimeError as e:  # e.g. a backend with no kernel for this size
-        return f"error: {str(e).splitlines()[0][:120]}"
+        return f"error: {first_line(e)[:120]}"
     finally:
         free_cached_memory(CUDA)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .common import RESULTS_DIR, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
+from .common import RESULTS_DIR, error_text, pyplot, results_stem, run_metadata, save_figure, title_stamp, write_json
 from .generate import LLAMA, use_implementation
 
 # "sdpa-no-cudnn": transformers' sdpa with SDPA's cuDNN backend switched off (torch then takes its
@@ -88,7 +88,7 @@ def run_point(base, tokens: int, batch: int, implementations, rounds: int = ROUN
             runs[impl] = (model, optimizer)
             rec["implementations"][impl] = {"first_loss": first, "losses": [first], "step_ms": []}
         except Exception as e:  # e.g. out of memory: record it, go on with the others
-            rec["implementations"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            rec["implementations"][impl] = {"error": error_text(e)}
             del model, optimizer
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -111,7 +111,7 @@ def run_point(base, tokens: int, batch: int, implementations, rounds: int = ROUN
                         loss = train_step(model, optimizer, ids)
                     out["losses"].append(float(loss))
             except Exception as e:  # a failed step ends this implementation's run; the others go on
-                out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                out["error"] = error_text(e)
                 del runs[impl]
         step += steps
     reference = next((r for r in rec["implementations"].values() if "first_loss" in r), None)
@@ -138,7 +138,7 @@ def plot(report: dict, path: Path) -> None:
         if points:
             ax.plot(*zip(*points), marker="o", label=impl)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per step (batch 1)")
+    ax.set_xlabel(f"tokens per sequence (batch {report['batch']})")
     ax.set_ylabel("ms per training step (median)")
     ax.legend()
     fig.suptitle(f"training step, Llama-style 8 x (16 x 128, GQA 4:1), bf16, AdamW | "
